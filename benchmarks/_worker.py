@@ -1,0 +1,451 @@
+"""Benchmark worker: runs measurement tasks in a fresh interpreter and writes their results as JSON.
+
+Run by ``bench_core.py`` as ``python _worker.py RESULT_JSON TASKS_JSON`` with the interpreter of
+the library under test (the main venv for yogacache, tf.data and raw lmdb; the YogaDL venv for
+YogaDL). ``TASKS_JSON`` is a list of ``{"task": name, "key": result-key, ...params}``; the
+results file maps each key to ``{"ok": true, ...}`` or ``{"ok": false, "error": ...}`` and is
+rewritten after every task, so a crash or timeout keeps what finished.
+
+Everything a task needs is imported before its clock starts (TensorFlow and the library are
+imported by ``_prepare``), so the timings exclude imports but include all cold-start work.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import shutil
+import struct
+import sys
+import time
+import traceback
+from typing import Any, Callable
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+if HERE not in sys.path:
+    sys.path.insert(0, HERE)
+
+import _data  # noqa: E402
+
+_ARRAYS: dict[tuple[int, tuple[int, ...]], tuple[Any, Any]] = {}
+_SOURCES: dict[tuple[int, tuple[int, ...]], Any] = {}
+
+
+# ---------------------------------------------------------------------------------------------
+# helpers
+
+
+def _lib(name: str) -> tuple[Any, Any]:
+    """``(storage module, tensorflow adapter module)`` of ``yogacache`` or ``yogadl``."""
+    if name == "yogacache":
+        import yogacache.storage as storage
+        import yogacache.tensorflow as adapter
+    elif name == "yogadl":
+        from yogadl import storage
+        from yogadl import tensorflow as adapter
+    else:
+        raise ValueError(f"unknown library {name!r}")
+    return storage, adapter
+
+
+def _lib_version(name: str) -> str:
+    try:
+        from importlib.metadata import version
+
+        return version(name)
+    except Exception:  # noqa: BLE001 - best effort
+        module = sys.modules.get(name)
+        return str(getattr(module, "__version__", "?"))
+
+
+def _arrays(params: dict[str, Any]) -> tuple[Any, Any]:
+    key = (int(params["records"]), tuple(params["shape"]))
+    if key not in _ARRAYS:
+        _ARRAYS[key] = _data.make_arrays(key[0], key[1])
+    return _ARRAYS[key]
+
+
+def _source(params: dict[str, Any]) -> Any:
+    key = (int(params["records"]), tuple(params["shape"]))
+    if key not in _SOURCES:
+        _SOURCES[key] = _data.make_tf_source(*_arrays(params))
+    return _SOURCES[key]
+
+
+def _du(path: str) -> int:
+    if os.path.isfile(path):
+        return os.path.getsize(path)
+    total = 0
+    for root, _dirs, files in os.walk(path):
+        for name in files:
+            try:
+                total += os.stat(os.path.join(root, name)).st_blocks * 512
+            except OSError:
+                pass
+    return total
+
+
+def _batch_len(batch: Any) -> int:
+    import tensorflow as tf
+
+    return int(tf.nest.flatten(batch)[0].shape[0])
+
+
+def _consume(dataset: Any) -> int:
+    """Iterates a batched dataset to the end; returns the number of records seen."""
+    count = 0
+    for batch in dataset:
+        count += _batch_len(batch)
+    return count
+
+
+def _proc_status() -> dict[str, int]:
+    """RssAnon / RssFile / VmRSS / VmHWM of this process in bytes (Linux)."""
+    out: dict[str, int] = {}
+    with open("/proc/self/status") as f:
+        for line in f:
+            name, _, rest = line.partition(":")
+            if name in ("RssAnon", "RssFile", "RssShmem", "VmRSS", "VmHWM"):
+                out[name] = int(rest.split()[0]) * 1024
+    return out
+
+
+def _wipe(path: str) -> None:
+    if os.path.isdir(path):
+        shutil.rmtree(path, ignore_errors=True)
+    elif os.path.exists(path):
+        os.remove(path)
+
+
+# ---------------------------------------------------------------------------------------------
+# tasks
+
+
+def task_source_consume(p: dict[str, Any]) -> dict[str, Any]:
+    """Rate of consuming the tf.data source alone: ``for b in ds.batch(256): pass``."""
+    ds = _source(p)
+    n = int(p["records"])
+    times = []
+    for _ in range(int(p.get("reps", 1))):
+        t0 = time.perf_counter()
+        for _b in ds.batch(_data.BATCH):
+            pass
+        times.append(time.perf_counter() - t0)
+    best = min(times)
+    return {"records": n, "seconds": best, "all_seconds": times, "rate": n / best}
+
+
+def task_build_tf(p: dict[str, Any]) -> dict[str, Any]:
+    """``storage.submit(tf.data source)`` for yogacache or YogaDL."""
+    storage, _ = _lib(p["lib"])
+    ds = _source(p)
+    n = int(p["records"])
+    os.makedirs(p["dir"], exist_ok=True)
+    st = storage.LFSStorage(storage.LFSConfigurations(storage_dir_path=p["dir"]))
+    t0 = time.perf_counter()
+    st.submit(ds, p["dataset_id"], _data.DATASET_VERSION)
+    dt = time.perf_counter() - t0
+    return {
+        "records": n,
+        "seconds": dt,
+        "rate": n / dt,
+        "disk_bytes": _du(os.path.join(p["dir"], p["dataset_id"])),
+        "version": _lib_version(p["lib"]),
+    }
+
+
+def task_build_mem(p: dict[str, Any]) -> dict[str, Any]:
+    """yogacache ``submit`` of an in-memory list of ``(image, label)`` numpy tuples."""
+    storage, _ = _lib(p["lib"])
+    images, labels = _arrays(p)
+    n = int(p["records"])
+    items = [(images[i], labels[i]) for i in range(n)]
+    os.makedirs(p["dir"], exist_ok=True)
+    st = storage.LFSStorage(storage.LFSConfigurations(storage_dir_path=p["dir"]))
+    t0 = time.perf_counter()
+    st.submit(items, p["dataset_id"], _data.DATASET_VERSION)
+    dt = time.perf_counter() - t0
+    disk = _du(os.path.join(p["dir"], p["dataset_id"]))
+    if p.get("cleanup"):
+        _wipe(p["dir"])
+    return {"records": n, "seconds": dt, "rate": n / dt, "disk_bytes": disk}
+
+
+def task_lmdb_append(p: dict[str, Any]) -> dict[str, Any]:
+    """Raw lmdb: pre-serialized values, 8-byte big-endian keys, one ``putmulti(append=True)``."""
+    import lmdb
+
+    images, labels = _arrays(p)
+    n = int(p["records"])
+    values = [images[i].tobytes() + labels[i].tobytes() for i in range(n)]
+    keys = [struct.pack(">Q", i) for i in range(n)]
+    path = p["path"]
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    t0 = time.perf_counter()
+    env = lmdb.open(path, subdir=False, map_size=1 << 40, meminit=False, readahead=False)
+    with env.begin(write=True) as txn:
+        with txn.cursor() as cursor:
+            consumed, added = cursor.putmulti(zip(keys, values), append=True)
+    env.sync(True)
+    env.close()
+    dt = time.perf_counter() - t0
+    disk = _du(path)
+    if p.get("cleanup"):
+        _wipe(path)
+        _wipe(path + "-lock")
+    if added != n:
+        raise RuntimeError(f"putmulti added {added} of {n} records")
+    return {"records": n, "seconds": dt, "rate": n / dt, "disk_bytes": disk, "lmdb": lmdb.__version__}
+
+
+def task_read(p: dict[str, Any]) -> dict[str, Any]:
+    """Shuffled, sharded read: ``make_tf_dataset(stream).batch(256).prefetch(2)`` to the end."""
+    storage, adapter = _lib(p["lib"])
+    st = storage.LFSStorage(storage.LFSConfigurations(storage_dir_path=p["dir"]))
+    t0 = time.perf_counter()
+    ref = st.fetch(p["dataset_id"], _data.DATASET_VERSION)
+    t_fetch = time.perf_counter() - t0
+    t1 = time.perf_counter()
+    stream = ref.stream(
+        shuffle=True,
+        shuffle_seed=_data.SHUFFLE_SEED,
+        shard_rank=_data.SHARD_RANK,
+        num_shards=_data.NUM_SHARDS,
+    )
+    ds = adapter.make_tf_dataset(stream).batch(_data.BATCH).prefetch(_data.PREFETCH)
+    count = _consume(ds)
+    dt = time.perf_counter() - t1
+    if count != len(stream):
+        raise RuntimeError(f"read {count} records, stream length is {len(stream)}")
+    return {"records": count, "seconds": dt, "rate": count / dt, "fetch_seconds": t_fetch}
+
+
+def _two_pass(p: dict[str, Any], make: Callable[[Any], Any], settle: Callable[[], None]) -> dict[str, Any]:
+    src = _source(p)
+    n = int(p["records"])
+    ds = make(src)
+    t0 = time.perf_counter()
+    written = _consume(ds.batch(_data.BATCH))
+    t_write = time.perf_counter() - t0
+    settle()
+    t0 = time.perf_counter()
+    read = _consume(ds.batch(_data.BATCH).prefetch(_data.PREFETCH))
+    t_read = time.perf_counter() - t0
+    if written != n or read != n:
+        raise RuntimeError(f"expected {n} records, wrote {written}, read {read}")
+    return {
+        "records": n,
+        "write_seconds": t_write,
+        "write_rate": n / t_write,
+        "read_seconds": t_read,
+        "read_rate": n / t_read,
+        "disk_bytes": _du(p["dir"]),
+    }
+
+
+def task_tf_cache(p: dict[str, Any]) -> dict[str, Any]:
+    """tf.data ``cache(filename)``: first pass writes the file cache, second pass reads it."""
+    os.makedirs(p["dir"], exist_ok=True)
+    filename = os.path.join(p["dir"], "cache")
+    try:
+        out = _two_pass(p, lambda src: src.cache(filename), lambda: gc.collect())
+    finally:
+        if p.get("cleanup"):
+            _wipe(p["dir"])
+    return out
+
+
+def task_tf_snapshot(p: dict[str, Any]) -> dict[str, Any]:
+    """tf.data ``snapshot(path)`` (default compression): first pass writes, second pass reads."""
+    os.makedirs(p["dir"], exist_ok=True)
+    path = os.path.join(p["dir"], "snapshot")
+
+    def settle() -> None:
+        # The writer finalizes when the first iterator is gone; let its threads finish.
+        gc.collect()
+        time.sleep(0.5)
+
+    try:
+        out = _two_pass(p, lambda src: src.snapshot(path), settle)
+    finally:
+        if p.get("cleanup"):
+            _wipe(p["dir"])
+    out["compression"] = "AUTO (default)"
+    return out
+
+
+def task_ttfe(p: dict[str, Any]) -> dict[str, Any]:
+    """Cache-hit time to the first batch of ``...batch(256).prefetch(2)``, from a cold pipeline."""
+    mode = p["mode"]
+    if mode == "generator":
+        import numpy as np
+        import tensorflow as tf
+
+        images, labels = _arrays(p)  # the in-memory data exists before the clock starts
+        shape = tuple(p["shape"])
+        t0 = time.perf_counter()
+        order = _data.shard_order(int(p["records"]))
+
+        def gen() -> Any:
+            for i in order:
+                yield images[i], labels[i]
+
+        ds = tf.data.Dataset.from_generator(
+            gen,
+            output_signature=(
+                tf.TensorSpec(shape, tf.uint8),
+                tf.TensorSpec((), tf.int64),
+            ),
+        )
+        first = next(iter(ds.batch(_data.BATCH).prefetch(_data.PREFETCH)))
+        dt = time.perf_counter() - t0
+        del np
+    else:
+        storage, adapter = _lib(mode)
+        t0 = time.perf_counter()
+        st = storage.LFSStorage(storage.LFSConfigurations(storage_dir_path=p["dir"]))
+
+        @st.cacheable(p["dataset_id"], _data.DATASET_VERSION)
+        def make() -> Any:
+            raise RuntimeError("cache miss: the cache should already exist")
+
+        ref = make()
+        stream = ref.stream(
+            shuffle=True,
+            shuffle_seed=_data.SHUFFLE_SEED,
+            shard_rank=_data.SHARD_RANK,
+            num_shards=_data.NUM_SHARDS,
+        )
+        ds = adapter.make_tf_dataset(stream).batch(_data.BATCH).prefetch(_data.PREFETCH)
+        first = next(iter(ds))
+        dt = time.perf_counter() - t0
+    return {"seconds": dt, "ms": dt * 1000.0, "first_batch": _batch_len(first)}
+
+
+def task_mem_build(p: dict[str, Any]) -> dict[str, Any]:
+    """Builds the tiny-record cache (an int64 label per record) used by ``mem_read``."""
+    import numpy as np
+
+    n = int(p["records"])
+    os.makedirs(p["dir"], exist_ok=True)
+    labels = np.random.default_rng(_data.DATA_SEED).integers(0, _data.NUM_CLASSES, n, dtype=np.int64)
+    t0 = time.perf_counter()
+    if p["lib"] == "yogadl":
+        # YogaDL only submits tf.data datasets, whose per-element numpy iteration would take
+        # minutes at 1M records; write the identical LMDB layout with YogaDL's own serializer.
+        import pathlib
+
+        import tensorflow as tf
+        import yogadl
+
+        path = pathlib.Path(p["dir"]) / p["dataset_id"] / _data.DATASET_VERSION / "cache.mdb"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        yogadl.serialize_generator_to_lmdb(
+            dataset_generator=iter(labels),
+            data_shapes=tf.TensorShape([]),
+            data_types=tf.int64,
+            lmdb_path=path,
+        )
+    else:
+        storage, _ = _lib(p["lib"])
+        st = storage.LFSStorage(storage.LFSConfigurations(storage_dir_path=p["dir"]))
+        st.submit(iter(labels), p["dataset_id"], _data.DATASET_VERSION)
+    dt = time.perf_counter() - t0
+    return {"records": n, "seconds": dt, "rate": n / dt, "disk_bytes": _du(p["dir"])}
+
+
+def task_mem_read(p: dict[str, Any]) -> dict[str, Any]:
+    """Anonymous RSS growth from opening + iterating a full shuffled stream (TF already loaded)."""
+    storage, _adapter = _lib(p["lib"])
+    import tensorflow as tf  # noqa: F401 - part of the baseline
+
+    gc.collect()
+    before = _proc_status()
+    peak = dict(before)
+
+    def sample() -> None:
+        for k, v in _proc_status().items():
+            peak[k] = max(peak.get(k, 0), v)
+
+    st = storage.LFSStorage(storage.LFSConfigurations(storage_dir_path=p["dir"]))
+    ref = st.fetch(p["dataset_id"], _data.DATASET_VERSION)
+    stream = ref.stream(shuffle=True, shuffle_seed=_data.SHUFFLE_SEED)
+    sample()
+    after_open = _proc_status()
+    count = 0
+    every = int(p.get("sample_every", 8192))
+    for _element in stream:
+        count += 1
+        if count % every == 0:
+            sample()
+    sample()
+    after = _proc_status()
+    if count != int(p["records"]):
+        raise RuntimeError(f"iterated {count} records, expected {p['records']}")
+    mib = 1 << 20
+    return {
+        "records": count,
+        "rss_anon_before_mib": before["RssAnon"] / mib,
+        "rss_anon_open_delta_mib": (after_open["RssAnon"] - before["RssAnon"]) / mib,
+        "rss_anon_end_delta_mib": (after["RssAnon"] - before["RssAnon"]) / mib,
+        "rss_anon_peak_delta_mib": (peak["RssAnon"] - before["RssAnon"]) / mib,
+        "rss_file_peak_delta_mib": (peak.get("RssFile", 0) - before.get("RssFile", 0)) / mib,
+        "vm_rss_peak_delta_mib": (peak["VmRSS"] - before["VmRSS"]) / mib,
+    }
+
+
+TASKS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
+    name[len("task_") :]: fn for name, fn in globals().items() if name.startswith("task_")
+}
+
+
+def _prepare(tasks: list[dict[str, Any]]) -> None:
+    """Imports everything the tasks need up front, so no timed region pays for imports."""
+    libs = {t["lib"] for t in tasks if t.get("lib")} | {
+        t["mode"] for t in tasks if t.get("mode") in ("yogacache", "yogadl")
+    }
+    import numpy  # noqa: F401
+    import tensorflow  # noqa: F401
+
+    for lib in sorted(libs):
+        try:
+            _lib(lib)
+        except Exception:  # noqa: BLE001 - reported per task below
+            pass
+    if any(t["task"] == "lmdb_append" for t in tasks):
+        import lmdb  # noqa: F401
+
+
+def main(argv: list[str]) -> int:
+    result_path, tasks_json = argv[1], argv[2]
+    tasks: list[dict[str, Any]] = json.loads(tasks_json)
+    results: dict[str, Any] = {}
+
+    def flush() -> None:
+        tmp = result_path + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(results, f, indent=1)
+        os.replace(tmp, result_path)
+
+    _prepare(tasks)
+    for spec in tasks:
+        key = spec.get("key", spec["task"])
+        print(f"[worker] {key} ...", file=sys.stderr, flush=True)
+        try:
+            out = TASKS[spec["task"]](spec)
+            out["ok"] = True
+        except Exception as exc:  # noqa: BLE001 - reported to the orchestrator
+            traceback.print_exc()
+            out = {"ok": False, "error": f"{type(exc).__name__}: {exc}".strip()[:500]}
+        out["python"] = sys.executable
+        results[key] = out
+        flush()
+        print(f"[worker] {key}: {json.dumps(out)}", file=sys.stderr, flush=True)
+        gc.collect()
+    flush()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

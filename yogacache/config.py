@@ -1,0 +1,150 @@
+"""Storage configuration: Determined's ``data_layer`` schema as frozen, validated dataclasses."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, Mapping, Optional, Union
+
+from yogacache.errors import ConfigError
+
+
+def _optional_abs_path(raw: Mapping[str, Any], key: str) -> Optional[str]:
+    value = raw.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value:
+        raise ConfigError(f"data_layer.{key} must be a non-empty path string or null")
+    if not Path(value).is_absolute():
+        raise ConfigError(f"data_layer.{key} must be an absolute path, got {value!r}")
+    return value
+
+
+def _required_str(raw: Mapping[str, Any], key: str) -> str:
+    value = raw.get(key)
+    if not isinstance(value, str) or not value:
+        raise ConfigError(f"data_layer.{key} is required and must be a non-empty string")
+    return value
+
+
+def _optional_str(raw: Mapping[str, Any], key: str) -> Optional[str]:
+    value = raw.get(key)
+    if value is not None and not isinstance(value, str):
+        raise ConfigError(f"data_layer.{key} must be a string or null")
+    return value
+
+
+@dataclass(frozen=True)
+class SharedFSConfig:
+    """``{"type": "shared_fs", "host_storage_path": ..., "container_storage_path": ...}``."""
+
+    host_storage_path: Optional[str] = None
+    container_storage_path: Optional[str] = None
+
+    @property
+    def storage_path(self) -> Optional[Path]:
+        """What this process sees: the container path when set, else the host path."""
+        chosen = self.container_storage_path or self.host_storage_path
+        return Path(chosen) if chosen else None
+
+
+@dataclass(frozen=True)
+class _CloudConfig:
+    bucket: str
+    bucket_directory_path: str
+    local_cache_host_path: Optional[str] = None
+    local_cache_container_path: Optional[str] = None
+
+    @property
+    def local_cache_path(self) -> Optional[Path]:
+        chosen = self.local_cache_container_path or self.local_cache_host_path
+        return Path(chosen) if chosen else None
+
+
+@dataclass(frozen=True)
+class S3Config(_CloudConfig):
+    """``{"type": "s3", "bucket", "bucket_directory_path", ...}``; secrets never appear in repr."""
+
+    access_key: Optional[str] = field(default=None, repr=False)
+    secret_key: Optional[str] = field(default=None, repr=False)
+    endpoint_url: Optional[str] = None
+
+
+@dataclass(frozen=True)
+class GCSConfig(_CloudConfig):
+    """``{"type": "gcs", "bucket", "bucket_directory_path", ...}``."""
+
+
+StorageConfig = Union[SharedFSConfig, S3Config, GCSConfig]
+_TYPES: dict[str, type] = {"shared_fs": SharedFSConfig, "s3": S3Config, "gcs": GCSConfig}
+
+
+def parse_config(raw: Optional[Mapping[str, Any]]) -> Optional[StorageConfig]:
+    """Validates a ``data_layer`` dict (``None`` means the local default)."""
+    if raw is None:
+        return None
+    if isinstance(raw, (SharedFSConfig, S3Config, GCSConfig)):
+        return raw
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"data_layer config must be a mapping, got {type(raw).__name__}")
+    kind = raw.get("type")
+    if kind not in _TYPES:
+        raise ConfigError(f"data_layer.type must be one of {sorted(_TYPES)}, got {kind!r}")
+    cls = _TYPES[kind]
+    allowed = {f.name for f in fields(cls)} | {"type"}
+    unknown = sorted(set(raw) - allowed)
+    if unknown:
+        raise ConfigError(f"unknown data_layer keys for type {kind!r}: {', '.join(map(str, unknown))}")
+    if cls is SharedFSConfig:
+        return SharedFSConfig(
+            host_storage_path=_optional_abs_path(raw, "host_storage_path"),
+            container_storage_path=_optional_abs_path(raw, "container_storage_path"),
+        )
+    host = _optional_abs_path(raw, "local_cache_host_path")
+    container = _optional_abs_path(raw, "local_cache_container_path")
+    if (host is None) != (container is None):
+        raise ConfigError(
+            "data_layer.local_cache_host_path and local_cache_container_path must be set together"
+        )
+    common: dict[str, Any] = dict(
+        bucket=_required_str(raw, "bucket"),
+        bucket_directory_path=_optional_str(raw, "bucket_directory_path") or "",
+        local_cache_host_path=host,
+        local_cache_container_path=container,
+    )
+    if cls is S3Config:
+        return S3Config(
+            **common,
+            access_key=_optional_str(raw, "access_key"),
+            secret_key=_optional_str(raw, "secret_key"),
+            endpoint_url=_optional_str(raw, "endpoint_url"),
+        )
+    return GCSConfig(**common)
+
+
+def load_config_file(path: Path) -> Optional[StorageConfig]:
+    """Reads a JSON or YAML file holding a ``data_layer`` dict, bare or under a ``data_layer`` key."""
+    try:
+        text = Path(path).read_text()
+    except OSError as error:
+        raise ConfigError(f"cannot read config file {path}: {error.strerror}") from error
+    if Path(path).suffix.lower() == ".json":
+        try:
+            raw = json.loads(text)
+        except json.JSONDecodeError as error:
+            raise ConfigError(f"config file {path} is not valid JSON: {error}") from error
+    else:
+        try:
+            import yaml
+        except ImportError as error:
+            raise ConfigError("reading YAML config files needs PyYAML: pip install pyyaml") from error
+        try:
+            raw = yaml.safe_load(text)
+        except yaml.YAMLError as error:
+            raise ConfigError(f"config file {path} is not valid YAML: {error}") from error
+    if isinstance(raw, Mapping) and "data_layer" in raw:
+        raw = raw["data_layer"]
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"config file {path} does not hold a data_layer mapping")
+    return parse_config(raw)

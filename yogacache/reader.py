@@ -1,0 +1,142 @@
+"""CacheReader: random access to the records of one sealed cache, checked before LMDB touches it.
+
+Opening checks the manifest, the part files' exact sizes and (unless a stamp shows the files
+are unchanged since they were last hashed) their SHA-256, so that a truncated or altered part
+raises CorruptCacheError instead of reaching LMDB, which may crash on a damaged file. LMDB
+environments open read-only and lazily per process: a reader that crosses ``fork()`` reopens.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Any, Callable, Optional, Sequence, TypeVar
+
+import lmdb
+import numpy as np
+
+from yogacache.codec import RecordCodec, unflatten
+from yogacache.errors import CorruptCacheError
+from yogacache.integrity import Verify, verify_parts
+from yogacache.manifest import Manifest, PartInfo
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+class CacheReader:
+    """Reads records of a sealed cache by index."""
+
+    def __init__(
+        self, directory: Path, manifest: Optional[Manifest] = None, verify: Verify = "auto"
+    ) -> None:
+        self.directory = Path(directory)
+        self.manifest = manifest or Manifest.load(self.directory)
+        verify_parts(self.directory, self.manifest, verify)
+        self.codec = RecordCodec(self.manifest.element_spec)
+        self._starts = np.array([p.first_record for p in self.manifest.parts], dtype=np.int64)
+        self._envs: list[Any] = []
+        self._pid = -1
+
+    def __len__(self) -> int:
+        return self.manifest.num_records
+
+    @property
+    def spec(self) -> Any:
+        return self.manifest.element_spec
+
+    def _environments(self) -> list[Any]:
+        if self._pid != os.getpid():
+            # Never reuse an environment opened before fork(): open our own.
+            self._envs = [self._open_part(part) for part in self.manifest.parts]
+            self._pid = os.getpid()
+        return self._envs
+
+    def _open_part(self, part: PartInfo) -> Any:
+        path = self.directory / part.name
+        try:
+            env = lmdb.open(
+                str(path),
+                subdir=False,
+                readonly=True,
+                lock=False,  # sealed files never change
+                readahead=False,
+                max_readers=1024,
+            )
+            entries = env.stat()["entries"]
+        except lmdb.Error as error:
+            raise CorruptCacheError(f"cache part {path} cannot be opened by LMDB: {error}") from error
+        if entries != part.num_records:
+            env.close()
+            raise CorruptCacheError(
+                f"cache part {path} holds {entries} records, the manifest says {part.num_records}"
+            )
+        return env
+
+    def read_values(self, indices: Sequence[int] | np.ndarray) -> list[bytes]:
+        """The encoded records at ``indices``, in that order."""
+        return self._read(indices, lambda values: [bytes(value) for value in values])
+
+    def _read(self, indices: Sequence[int] | np.ndarray, consume: Callable[[list[Any]], T]) -> T:
+        """Calls ``consume`` with the records at ``indices`` (as buffers valid during the call)."""
+        indices = np.asarray(indices, dtype=np.int64)
+        if len(indices) and (indices.min() < 0 or indices.max() >= self.manifest.num_records):
+            raise IndexError(f"record index out of range [0, {self.manifest.num_records})")
+        envs = self._environments()
+        if len(envs) == 1 or len(indices) == 0:
+            return self._read_part(envs[0], indices, consume) if envs else consume([])
+        owner = np.searchsorted(self._starts, indices, side="right") - 1
+        values: list[Any] = [b""] * len(indices)
+        for part_index in np.unique(owner):
+            positions = np.nonzero(owner == part_index)[0]
+            copied = self._read_part(
+                envs[part_index], indices[positions], lambda vs: [bytes(v) for v in vs]
+            )
+            for position, value in zip(positions, copied):
+                values[position] = value
+        return consume(values)
+
+    def _read_part(self, env: Any, indices: np.ndarray, consume: Callable[[list[Any]], T]) -> T:
+        raw = indices.astype(">u8").tobytes()
+        keys = [raw[i : i + 8] for i in range(0, len(raw), 8)]
+        try:
+            with env.begin(buffers=True) as txn:
+                found = txn.cursor().getmulti(keys)
+                if len(found) != len(keys):
+                    raise CorruptCacheError(
+                        f"cache {self.directory} is missing records its manifest lists"
+                    )
+                # Buffers point into the map and die with the transaction: consume them here.
+                return consume([value for _, value in found])
+        except lmdb.Error as error:
+            raise CorruptCacheError(f"reading {self.directory} failed: {error}") from error
+
+    def __getitem__(self, index: int) -> Any:
+        (value,) = self.read_values([index])
+        return unflatten(self.codec.decode(value), self.spec)
+
+    def read_elements(self, indices: Sequence[int] | np.ndarray) -> list[Any]:
+        """Decoded nested elements at ``indices``."""
+        spec = self.spec
+        decode = self.codec.decode
+        return self._read(
+            indices, lambda values: [unflatten(decode(bytes(value)), spec) for value in values]
+        )
+
+    def read_columns(self, indices: Sequence[int] | np.ndarray) -> list[np.ndarray]:
+        """One stacked array per leaf for the records at ``indices`` (fixed-shape specs only)."""
+        return self._read(indices, self.codec.decode_columns)
+
+    def close(self) -> None:
+        if self._pid == os.getpid():
+            for env in self._envs:
+                env.close()
+        self._envs = []
+        self._pid = -1
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Sending a reader to another process (DataLoader spawn) sends its location only.
+        state = dict(self.__dict__)
+        state["_envs"] = []
+        state["_pid"] = -1
+        return state

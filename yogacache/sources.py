@@ -1,0 +1,121 @@
+"""Record sources: what a cache is built from, turned into batches of encoded records.
+
+A source knows its element spec and yields lists of msgpack records. TensorFlow datasets
+are handled by ``yogacache.tensorflow`` (imported only when one is given); any other
+iterable of nested dicts/tuples of arrays, numbers, strings and bytes is a Python source.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any, Iterable, Iterator, Optional, Protocol
+
+from yogacache.codec import RecordCodec, Spec, TensorSpec, flatten, generalize, infer_spec
+from yogacache.errors import UnsupportedDatasetError
+
+PYTHON_BATCH = 256
+
+
+class RecordSource(Protocol):
+    """What CacheWriter consumes."""
+
+    kind: str
+    cardinality: Optional[int]  # None when unknown
+
+    def encoded_batches(self) -> Iterator[list[bytes]]: ...
+
+    def spec(self) -> Spec:
+        """The element spec; final once ``encoded_batches`` is exhausted."""
+        ...
+
+
+def _open_spec(spec: Spec) -> Spec:
+    """``spec`` with every shape unknown: accepts any element of the same structure and dtypes."""
+    if isinstance(spec, TensorSpec):
+        return TensorSpec(spec.dtype, None)
+    if isinstance(spec, dict):
+        return {key: _open_spec(value) for key, value in spec.items()}
+    return tuple(_open_spec(item) for item in spec)
+
+
+class PythonSource:
+    """Builds from any iterable of framework-neutral elements; shapes may vary per element."""
+
+    kind = "python"
+
+    def __init__(self, data: Iterable[Any]) -> None:
+        if isinstance(data, (str, bytes, dict)):
+            raise UnsupportedDatasetError(
+                f"cannot cache a {type(data).__name__}: pass an iterable of elements"
+            )
+        try:
+            self.cardinality: Optional[int] = len(data)  # type: ignore[arg-type]
+        except TypeError:
+            self.cardinality = None
+        self._data = data
+        self._spec: Optional[Spec] = None
+
+    def spec(self) -> Spec:
+        if self._spec is None:
+            raise UnsupportedDatasetError("the dataset is empty: its element spec is unknown")
+        return self._spec
+
+    def encoded_batches(self) -> Iterator[list[bytes]]:
+        iterator = iter(self._data)
+        try:
+            first = next(iterator)
+        except StopIteration:
+            return
+        spec = infer_spec(first)
+        codec = RecordCodec(_open_spec(spec))
+        for batch in _chunks(itertools.chain([first], iterator), PYTHON_BATCH):
+            encoded = []
+            for element in batch:
+                spec = generalize(spec, infer_spec(element))
+                encoded.append(codec.encode(flatten(element, spec)))
+            self._spec = spec
+            yield encoded
+
+
+def _chunks(iterable: Iterable[Any], size: int) -> Iterator[list[Any]]:
+    iterator = iter(iterable)
+    while batch := list(itertools.islice(iterator, size)):
+        yield batch
+
+
+def is_tensorflow_dataset(data: Any) -> bool:
+    return any(cls.__module__.startswith("tensorflow") for cls in type(data).__mro__) and hasattr(
+        data, "element_spec"
+    )
+
+
+def source_for(data: Any) -> RecordSource:
+    """The source that builds a cache from ``data`` (a tf.data.Dataset or an iterable)."""
+    if is_tensorflow_dataset(data):
+        from yogacache.tensorflow import TFDatasetSource
+
+        return TFDatasetSource(data)
+    if hasattr(data, "__getitem__") and hasattr(data, "__len__") and not isinstance(
+        data, (list, tuple)
+    ):
+        # A map-style dataset (e.g. torch.utils.data.Dataset): index it in order.
+        length = len(data)
+        return PythonSource(_IndexedView(data, length))
+    if not hasattr(data, "__iter__"):
+        raise UnsupportedDatasetError(
+            f"cannot cache a {type(data).__name__}: pass a tf.data.Dataset, a map-style "
+            "dataset or an iterable of elements"
+        )
+    return PythonSource(data)
+
+
+class _IndexedView:
+    def __init__(self, data: Any, length: int) -> None:
+        self._data = data
+        self._length = length
+
+    def __len__(self) -> int:
+        return self._length
+
+    def __iter__(self) -> Iterator[Any]:
+        return (self._data[i] for i in range(self._length))

@@ -1,0 +1,158 @@
+"""TensorFlow adapter: tf.data.Dataset to record source, and Stream to tf.data.Dataset.
+
+The only module of the package that imports TensorFlow. Reading hands TensorFlow whole
+batches of stacked columns through ``from_generator`` and lets ``unbatch`` split them in C++,
+instead of one Python call per record.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Iterator, Optional
+
+import numpy as np
+
+try:
+    import tensorflow as tf
+except ImportError as error:  # pragma: no cover - exercised only without TensorFlow
+    raise ImportError(
+        "yogacache.tensorflow needs TensorFlow: pip install 'yogacache[tf]'"
+    ) from error
+
+from yogacache.codec import (
+    STRING,
+    SUPPORTED_DTYPES,
+    RecordCodec,
+    Spec,
+    TensorSpec,
+    flatten,
+    spec_leaves,
+    unflatten,
+)
+from yogacache.dataref import Stream
+from yogacache.errors import UnsupportedDatasetError
+
+_SOURCE_BATCH_BYTES = 8 << 20
+_SOURCE_BATCH_RECORDS = 1024
+_STRING_GUESS_BYTES = 64
+
+__all__ = ["make_tf_dataset", "spec_from_tf", "spec_to_tf", "TFDatasetSource"]
+
+
+def spec_from_tf(element_spec: Any, path: str = "element") -> Spec:
+    """The framework-neutral spec of a ``tf.data`` element spec; refuses ragged and sparse."""
+    if isinstance(element_spec, tf.TensorSpec):
+        dtype = "string" if element_spec.dtype == tf.string else element_spec.dtype.name
+        if dtype not in SUPPORTED_DTYPES:
+            raise UnsupportedDatasetError(f"{path} has dtype {dtype}, which yogacache cannot cache")
+        shape = element_spec.shape
+        dims = None if shape.rank is None else tuple(shape.as_list())
+        return TensorSpec(dtype, dims)
+    if isinstance(element_spec, dict):
+        for key in element_spec:
+            if not isinstance(key, str):
+                raise UnsupportedDatasetError(f"{path} has a non-string dict key {key!r}")
+        return {key: spec_from_tf(value, f"{path}[{key!r}]") for key, value in element_spec.items()}
+    if isinstance(element_spec, (tuple, list)):
+        return tuple(spec_from_tf(value, f"{path}[{i}]") for i, value in enumerate(element_spec))
+    kind = type(element_spec).__name__
+    hint = {
+        "RaggedTensorSpec": "convert it to a dense tensor (x.to_tensor()) or store values and "
+        "row_splits as separate leaves",
+        "SparseTensorSpec": "convert it with tf.sparse.to_dense, or store indices, values and "
+        "dense_shape as separate leaves",
+    }.get(kind, "use dense tensors in nested dicts and tuples")
+    raise UnsupportedDatasetError(f"{path} is a {kind}, which yogacache cannot cache: {hint}")
+
+
+def _tf_dtype(name: str) -> tf.DType:
+    return tf.string if name == STRING else tf.as_dtype(name)
+
+
+def spec_to_tf(spec: Spec, what: str = "spec", batched: bool = False) -> Any:
+    """The spec as a structure of ``tf.TensorSpec`` (``what="spec"``), dtypes or shapes."""
+    if isinstance(spec, TensorSpec):
+        shape = tf.TensorShape(None if spec.shape is None else list(spec.shape))
+        if batched:
+            shape = tf.TensorShape([None]).concatenate(shape)
+        if what == "dtype":
+            return _tf_dtype(spec.dtype)
+        if what == "shape":
+            return shape
+        return tf.TensorSpec(shape, _tf_dtype(spec.dtype))
+    if isinstance(spec, dict):
+        return {key: spec_to_tf(value, what, batched) for key, value in spec.items()}
+    return tuple(spec_to_tf(item, what, batched) for item in spec)
+
+
+def _record_bytes(spec: Spec) -> int:
+    total = 0
+    for leaf in spec_leaves(spec):
+        count = math.prod(d or 1 for d in (leaf.shape or ()))
+        itemsize = _STRING_GUESS_BYTES if leaf.dtype == STRING else np.dtype(
+            "float16" if leaf.dtype == "bfloat16" else leaf.dtype
+        ).itemsize
+        total += count * itemsize
+    return max(1, total)
+
+
+class TFDatasetSource:
+    """A tf.data.Dataset as a record source; refuses infinite datasets before writing anything."""
+
+    kind = "tensorflow"
+
+    def __init__(self, dataset: tf.data.Dataset) -> None:
+        if not isinstance(dataset, tf.data.Dataset):
+            raise UnsupportedDatasetError(f"expected a tf.data.Dataset, got {type(dataset).__name__}")
+        cardinality = int(dataset.cardinality())
+        if cardinality == int(tf.data.INFINITE_CARDINALITY):
+            raise UnsupportedDatasetError(
+                "the dataset is infinite (e.g. it ends in repeat()): caching it would fill the "
+                "disk. Cache the finite dataset and call repeat() on the cached one"
+            )
+        self.cardinality: Optional[int] = (
+            None if cardinality == int(tf.data.UNKNOWN_CARDINALITY) else cardinality
+        )
+        self._dataset = dataset
+        self._spec = spec_from_tf(dataset.element_spec)
+        self._codec = RecordCodec(self._spec)
+
+    def spec(self) -> Spec:
+        return self._spec
+
+    def encoded_batches(self) -> Iterator[list[bytes]]:
+        spec, codec = self._spec, self._codec
+        if codec.stackable:
+            size = max(1, min(_SOURCE_BATCH_RECORDS, _SOURCE_BATCH_BYTES // _record_bytes(spec)))
+            for batch in self._dataset.batch(size).as_numpy_iterator():
+                yield codec.encode_columns(flatten(batch, spec))
+            return
+        pending: list[bytes] = []
+        for element in self._dataset.as_numpy_iterator():
+            pending.append(codec.encode(flatten(element, spec)))
+            if len(pending) >= _SOURCE_BATCH_RECORDS:
+                yield pending
+                pending = []
+        if pending:
+            yield pending
+
+
+def make_tf_dataset(stream: Stream) -> tf.data.Dataset:
+    """A ``tf.data.Dataset`` of the stream's elements; each iteration of it is the next epoch."""
+    spec = stream.element_spec
+    batch_fn = stream.batch_iterator_fn
+    if spec is not None and batch_fn is not None:
+
+        def batches() -> Iterator[Any]:
+            for columns in batch_fn():
+                yield unflatten(columns, spec)
+
+        signature = spec_to_tf(spec, "spec", batched=True)
+        return tf.data.Dataset.from_generator(batches, output_signature=signature).unbatch()
+    if spec is not None:
+        return tf.data.Dataset.from_generator(
+            stream.iterator_fn, output_signature=spec_to_tf(spec, "spec")
+        )
+    return tf.data.Dataset.from_generator(
+        stream.iterator_fn, output_types=stream.output_types, output_shapes=stream.output_shapes
+    )

@@ -1,0 +1,322 @@
+"""CacheWriter: appends encoded records to LMDB parts in a temporary sibling, then seals atomically.
+
+The life of a build: ``CacheWriter(target, ...)`` creates ``.<version>.tmp-<build id>`` next to
+the target; records are appended in key order with ``putmulti(append=True)`` in bounded
+transactions (memory stays bounded whatever the dataset's size); a part rolls over past
+``part_size_bytes``. ``seal()`` syncs every part, hashes it, writes ``manifest.json`` last,
+fsyncs files and directory and renames the directory into place. Leaving the ``with`` block
+with an exception discards the temporary directory instead: nothing partial is ever visible.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import datetime
+import errno
+import logging
+import os
+import shutil
+import struct
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Iterable, Optional
+
+import lmdb
+
+from yogacache import __version__
+from yogacache.codec import Spec
+from yogacache.errors import BuildError, CacheLimitExceededError
+from yogacache.manifest import (
+    MANIFEST_NAME,
+    Manifest,
+    PartInfo,
+    fsync_path,
+    part_name,
+    write_file_durably,
+)
+from yogacache.integrity import sha256_file, stamp_verified
+from yogacache.progress import Progress
+
+log = logging.getLogger(__name__)
+
+TEMP_MARK = ".tmp-"
+TRASH_MARK = ".trash-"
+DEFAULT_PART_SIZE = 1 << 30
+_TXN_BYTES = 64 << 20
+_TXN_RECORDS = 8192
+_INITIAL_MAP_SIZE = 1 << 30
+_KEY = struct.Struct(">Q")
+
+
+@dataclass(frozen=True)
+class BuildLimits:
+    """Upper bounds on one build; ``None`` means unbounded (the free disk space still applies)."""
+
+    max_records: Optional[int] = None
+    max_bytes: Optional[int] = None
+
+
+def temp_dir_for(target: Path, build_id: str) -> Path:
+    return target.parent / f".{target.name}{TEMP_MARK}{build_id}"
+
+
+def leftovers_of(target: Path) -> list[Path]:
+    """Temporary and trash directories a crashed build of ``target`` may have left."""
+    prefixes = (f".{target.name}{TEMP_MARK}", f".{target.name}{TRASH_MARK}")
+    if not target.parent.is_dir():
+        return []
+    return [p for p in target.parent.iterdir() if p.name.startswith(prefixes)]
+
+
+class CacheWriter:
+    """Writes one cache; use as a context manager and call ``add_encoded`` with record batches."""
+
+    def __init__(
+        self,
+        target: Path,
+        dataset_id: str,
+        dataset_version: str,
+        *,
+        limits: BuildLimits = BuildLimits(),
+        part_size_bytes: int = DEFAULT_PART_SIZE,
+        progress: Optional[Progress] = None,
+        initial_map_size: int = _INITIAL_MAP_SIZE,
+    ) -> None:
+        self.target = target
+        self.initial_map_size = initial_map_size
+        self.dataset_id = dataset_id
+        self.dataset_version = dataset_version
+        self.build_id = uuid.uuid4().hex
+        self.limits = limits
+        self.part_size_bytes = max(1, part_size_bytes)
+        self.progress = progress or Progress(f"{dataset_id}:{dataset_version}", enabled=False)
+        self.num_records = 0
+        self.num_bytes = 0
+        self._parts: list[PartInfo] = []
+        self._env: Any = None
+        self._part_first = 0
+        self._part_bytes = 0
+        self._pending: list[tuple[bytes, bytes]] = []
+        self._pending_bytes = 0
+        self._closed = False
+        target.parent.mkdir(parents=True, exist_ok=True, mode=0o755)
+        self.directory = temp_dir_for(target, self.build_id)
+        self.directory.mkdir(mode=0o755)
+        free = shutil.disk_usage(self.directory).free
+        # Leave headroom for LMDB's page overhead and the rest of the system.
+        self._disk_budget = int(free * 0.95)
+
+    # -- context manager ------------------------------------------------------------------
+    def __enter__(self) -> CacheWriter:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: Optional[type[BaseException]],
+        exc: Optional[BaseException],
+        tb: Optional[TracebackType],
+    ) -> None:
+        if exc_type is not None:
+            self.discard()
+
+    # -- appending ------------------------------------------------------------------------
+    def add_encoded(self, values: Iterable[bytes]) -> None:
+        """Appends already-encoded records in order."""
+        if self._closed:
+            raise BuildError(f"writer for {self.dataset_id}:{self.dataset_version} is closed")
+        max_records = self.limits.max_records
+        max_bytes = self.limits.max_bytes
+        for value in values:
+            if max_records is not None and self.num_records >= max_records:
+                raise CacheLimitExceededError(
+                    f"dataset {self.dataset_id}:{self.dataset_version} has more than "
+                    f"{max_records} records (max_records); nothing was cached. Raise the "
+                    "limit or make the dataset finite (take(n))"
+                )
+            size = len(value)
+            if max_bytes is not None and self.num_bytes + size > max_bytes:
+                raise CacheLimitExceededError(
+                    f"dataset {self.dataset_id}:{self.dataset_version} exceeds {max_bytes} bytes "
+                    "(max_bytes); nothing was cached. Raise the limit or make the dataset smaller"
+                )
+            if self.num_bytes + size > self._disk_budget:
+                raise BuildError(
+                    f"dataset {self.dataset_id}:{self.dataset_version} would not fit in the free "
+                    f"space under {self.target.parent} ({self._disk_budget} bytes usable); "
+                    "nothing was cached"
+                )
+            self._pending.append((_KEY.pack(self.num_records), value))
+            self._pending_bytes += size
+            self.num_records += 1
+            self.num_bytes += size
+            if self._pending_bytes >= _TXN_BYTES or len(self._pending) >= _TXN_RECORDS:
+                self._flush()
+        self.progress.update(self.num_records, self.num_bytes)
+
+    def _open_part(self) -> None:
+        path = self.directory / part_name(len(self._parts))
+        self._env = lmdb.open(
+            str(path),
+            subdir=False,
+            map_size=self.initial_map_size,
+            lock=False,  # the build lock and the private directory exclude other writers
+            sync=False,  # one explicit sync at seal time
+            metasync=False,
+            meminit=False,
+            max_dbs=0,
+        )
+        self._part_first = self.num_records - len(self._pending)
+        self._part_bytes = 0
+
+    def _flush(self) -> None:
+        if not self._pending:
+            return
+        if self._env is None:
+            self._open_part()
+        pending = self._pending
+        while True:
+            try:
+                with self._env.begin(write=True) as txn:
+                    added, _ = txn.cursor().putmulti(pending, append=True)
+                if added != len(pending):
+                    raise BuildError(f"LMDB stored {added} of {len(pending)} records")
+                break
+            except lmdb.MapFullError:
+                # The aborted transaction wrote nothing; grow the map and retry the same batch.
+                new_size = self._env.info()["map_size"] * 2
+                log.debug("growing LMDB map of %s to %d bytes", self.directory, new_size)
+                self._env.set_mapsize(new_size)
+            except lmdb.Error as error:
+                raise BuildError(
+                    f"writing {self.dataset_id}:{self.dataset_version} to {self.directory} "
+                    f"failed: {error}; nothing was cached"
+                ) from error
+        self._part_bytes += self._pending_bytes
+        self._pending = []
+        self._pending_bytes = 0
+        if self._part_bytes >= self.part_size_bytes:
+            self._close_part()
+
+    def _close_part(self) -> None:
+        if self._env is None:
+            return
+        env, self._env = self._env, None
+        try:
+            env.sync(True)
+            entries = env.stat()["entries"]
+        except lmdb.Error as error:
+            raise BuildError(f"syncing {self.directory} failed: {error}; nothing was cached") from error
+        finally:
+            env.close()
+        path = self.directory / part_name(len(self._parts))
+        count = self.num_records - len(self._pending) - self._part_first
+        if entries != count:
+            raise BuildError(f"part {path} holds {entries} records, expected {count}")
+        fsync_path(path)
+        self._parts.append(
+            PartInfo(
+                name=path.name,
+                first_record=self._part_first,
+                num_records=count,
+                size_bytes=path.stat().st_size,
+                sha256=sha256_file(path),
+            )
+        )
+
+    # -- sealing --------------------------------------------------------------------------
+    def seal(self, spec: Spec, source: str = "python") -> Manifest:
+        """Syncs, hashes and publishes the cache atomically; returns its manifest."""
+        if self._closed:
+            raise BuildError(f"writer for {self.dataset_id}:{self.dataset_version} is closed")
+        try:
+            self._flush()
+            if self._env is None and not self._parts:
+                self._open_part()  # an empty dataset still gets one (empty) part
+            self._close_part()
+            manifest = Manifest(
+                dataset_id=self.dataset_id,
+                dataset_version=self.dataset_version,
+                num_records=self.num_records,
+                num_bytes=self.num_bytes,
+                element_spec=spec,
+                parts=tuple(self._parts),
+                created_at=datetime.datetime.now(datetime.timezone.utc).isoformat(
+                    timespec="microseconds"
+                ),
+                build_id=self.build_id,
+                writer_version=f"yogacache {__version__}",
+                source=source,
+            )
+            stamp_verified(self.directory, manifest)
+            write_file_durably(self.directory / MANIFEST_NAME, manifest.to_bytes())
+            fsync_path(self.directory)
+            replace_directory(self.directory, self.target)
+        except OSError as error:
+            self.discard()
+            raise BuildError(
+                f"sealing {self.dataset_id}:{self.dataset_version} failed: {error}; nothing was cached"
+            ) from error
+        except BaseException:
+            self.discard()
+            raise
+        self._closed = True
+        self.progress.finish(self.num_records, self.num_bytes)
+        return manifest
+
+    def discard(self) -> None:
+        """Drops everything written so far; idempotent."""
+        self._closed = True
+        if self._env is not None:
+            env, self._env = self._env, None
+            try:
+                env.close()
+            except lmdb.Error:
+                pass
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+
+_RENAME_EXCHANGE = 2
+_AT_FDCWD = -100
+
+
+def _rename_exchange(a: Path, b: Path) -> bool:
+    """Atomically swaps two paths with renameat2(RENAME_EXCHANGE); False where unsupported."""
+    libc_name = ctypes.util.find_library("c")
+    if libc_name is None:
+        return False
+    libc = ctypes.CDLL(libc_name, use_errno=True)
+    renameat2 = getattr(libc, "renameat2", None)
+    if renameat2 is None:
+        return False
+    result = renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE)
+    if result == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.ENOSYS, errno.EINVAL, errno.ENOTSUP):
+        return False
+    raise OSError(err, os.strerror(err), str(b))
+
+
+def replace_directory(new: Path, target: Path) -> None:
+    """Moves directory ``new`` to ``target``, atomically replacing an existing ``target``.
+
+    Readers that already opened files of the old cache keep reading them: the files are
+    only unlinked, and open LMDB maps stay valid.
+    """
+    try:
+        os.rename(new, target)
+    except OSError as error:
+        if error.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+            raise
+        if _rename_exchange(new, target):
+            old = new  # after the swap, ``new`` names the old cache
+        else:
+            old = target.parent / f".{target.name}{TRASH_MARK}{uuid.uuid4().hex}"
+            os.rename(target, old)
+            os.rename(new, target)
+        fsync_path(target.parent)
+        shutil.rmtree(old, ignore_errors=True)
+    fsync_path(target.parent)
