@@ -1,0 +1,22 @@
+"""Shared test set-up: quiet TensorFlow, and a private default cache root for every test."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(autouse=True)
+def private_default_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """No test writes into the user's real cache directory."""
+    root = tmp_path / "default-root"
+    monkeypatch.setenv("YOGACACHE_HOME", str(root))
+    monkeypatch.delenv("YOGACACHE_STORAGE", raising=False)
+    return root
