@@ -15,6 +15,8 @@ from yogacache.sampler import ShardOrder, shard_indices
 # Records per read from LMDB; batches of large records are capped by bytes instead.
 READ_BATCH_RECORDS = 1024
 READ_BATCH_BYTES = 8 << 20
+# The first read of an epoch is small, so the first element arrives quickly.
+FIRST_READ_RECORDS = 32
 
 
 class Stream:
@@ -34,9 +36,12 @@ class Stream:
         *,
         element_spec: Optional[Spec] = None,
         batch_iterator_fn: Optional[Callable[[], Iterator[list[np.ndarray]]]] = None,
+        uniform_epochs: bool = False,
     ) -> None:
         self.iterator_fn = iterator_fn
         self.length = length
+        # True when every epoch, the first included, yields exactly ``length`` elements.
+        self.uniform_epochs = uniform_epochs
         self._output_types = output_types
         self._output_shapes = output_shapes
         self.element_spec = element_spec
@@ -148,16 +153,15 @@ class CacheDataRef(DataRef):
 
         def iterate_elements() -> Iterator[Any]:
             indices = cursor.next_epoch()
-            for begin in range(0, len(indices), chunk):
-                yield from reader.read_elements(indices[begin : begin + chunk])
+            for piece in _pieces(indices, chunk):
+                yield from reader.read_elements(piece)
 
         batch_fn = None
         if reader.codec.stackable:
 
             def iterate_batches() -> Iterator[list[np.ndarray]]:
-                indices = cursor.next_epoch()
-                for begin in range(0, len(indices), chunk):
-                    yield reader.read_columns(indices[begin : begin + chunk])
+                for piece in _pieces(cursor.next_epoch(), chunk):
+                    yield reader.read_columns(piece)
 
             batch_fn = iterate_batches
 
@@ -166,7 +170,17 @@ class CacheDataRef(DataRef):
             len(shard),
             element_spec=reader.spec,
             batch_iterator_fn=batch_fn,
+            uniform_epochs=order.start(start_offset)[1] == 0,
         )
+
+
+def _pieces(indices: np.ndarray, chunk: int) -> Iterator[np.ndarray]:
+    """Consecutive slices of ``indices``: a small first one, then ``chunk`` records each."""
+    begin, size = 0, min(chunk, FIRST_READ_RECORDS)
+    while begin < len(indices):
+        yield indices[begin : begin + size]
+        begin += size
+        size = chunk
 
 
 def _chunk_size(reader: CacheReader) -> int:

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
+import weakref
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence, TypeVar
 
@@ -23,6 +25,36 @@ from yogacache.manifest import Manifest, PartInfo
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+
+# LMDB refuses to open one file twice in a process, and an environment must never cross
+# fork(): readers of the same part share one environment per process, keyed by file identity.
+_open_environments: weakref.WeakValueDictionary[tuple[int, int], Any] = weakref.WeakValueDictionary()
+_open_environments_pid = os.getpid()
+_open_environments_lock = threading.Lock()
+
+
+def shared_environment(path: Path) -> Any:
+    """This process's read-only environment for the sealed part at ``path``."""
+    global _open_environments, _open_environments_pid
+    with _open_environments_lock:
+        if _open_environments_pid != os.getpid():
+            # Inherited across fork(): forget (never close) the parent's environments.
+            _open_environments = weakref.WeakValueDictionary()
+            _open_environments_pid = os.getpid()
+        st = os.stat(path)
+        key = (st.st_dev, st.st_ino)
+        env = _open_environments.get(key)
+        if env is None:
+            env = lmdb.open(
+                str(path),
+                subdir=False,
+                readonly=True,
+                lock=False,  # sealed files never change
+                readahead=False,
+                max_readers=1024,
+            )
+            _open_environments[key] = env
+        return env
 
 class CacheReader:
     """Reads records of a sealed cache by index."""
@@ -55,19 +87,11 @@ class CacheReader:
     def _open_part(self, part: PartInfo) -> Any:
         path = self.directory / part.name
         try:
-            env = lmdb.open(
-                str(path),
-                subdir=False,
-                readonly=True,
-                lock=False,  # sealed files never change
-                readahead=False,
-                max_readers=1024,
-            )
+            env = shared_environment(path)
             entries = env.stat()["entries"]
-        except lmdb.Error as error:
+        except (lmdb.Error, OSError) as error:
             raise CorruptCacheError(f"cache part {path} cannot be opened by LMDB: {error}") from error
         if entries != part.num_records:
-            env.close()
             raise CorruptCacheError(
                 f"cache part {path} holds {entries} records, the manifest says {part.num_records}"
             )
@@ -128,9 +152,7 @@ class CacheReader:
         return self._read(indices, self.codec.decode_columns)
 
     def close(self) -> None:
-        if self._pid == os.getpid():
-            for env in self._envs:
-                env.close()
+        """Drops this reader's environments (closed once no reader in the process uses them)."""
         self._envs = []
         self._pid = -1
 

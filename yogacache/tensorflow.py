@@ -148,11 +148,16 @@ def make_tf_dataset(stream: Stream) -> tf.data.Dataset:
                 yield unflatten(columns, spec)
 
         signature = spec_to_tf(spec, "spec", batched=True)
-        return tf.data.Dataset.from_generator(batches, output_signature=signature).unbatch()
-    if spec is not None:
-        return tf.data.Dataset.from_generator(
+        dataset = tf.data.Dataset.from_generator(batches, output_signature=signature).unbatch()
+    elif spec is not None:
+        dataset = tf.data.Dataset.from_generator(
             stream.iterator_fn, output_signature=spec_to_tf(spec, "spec")
         )
-    return tf.data.Dataset.from_generator(
-        stream.iterator_fn, output_types=stream.output_types, output_shapes=stream.output_shapes
-    )
+    else:
+        return tf.data.Dataset.from_generator(
+            stream.iterator_fn, output_types=stream.output_types, output_shapes=stream.output_shapes
+        )
+    if stream.uniform_epochs:
+        # Known cardinality lets Keras size its epochs and progress bars.
+        dataset = dataset.apply(tf.data.experimental.assert_cardinality(len(stream)))
+    return dataset

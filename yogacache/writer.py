@@ -16,8 +16,10 @@ import datetime
 import errno
 import logging
 import os
+import queue
 import shutil
 import struct
+import threading
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,7 +47,7 @@ log = logging.getLogger(__name__)
 TEMP_MARK = ".tmp-"
 TRASH_MARK = ".trash-"
 DEFAULT_PART_SIZE = 1 << 30
-_TXN_BYTES = 64 << 20
+_TXN_BYTES = 32 << 20
 _TXN_RECORDS = 8192
 _INITIAL_MAP_SIZE = 1 << 30
 _KEY = struct.Struct(">Q")
@@ -92,6 +94,7 @@ class CacheWriter:
         self.build_id = uuid.uuid4().hex
         self.limits = limits
         self.part_size_bytes = max(1, part_size_bytes)
+        self._txn_bytes = min(_TXN_BYTES, self.part_size_bytes)
         self.progress = progress or Progress(f"{dataset_id}:{dataset_version}", enabled=False)
         self.num_records = 0
         self.num_bytes = 0
@@ -102,6 +105,10 @@ class CacheWriter:
         self._pending: list[tuple[bytes, bytes]] = []
         self._pending_bytes = 0
         self._closed = False
+        self._written = 0  # records committed by the writer thread
+        self._queue: queue.Queue[Optional[tuple[list[tuple[bytes, bytes]], int]]] = queue.Queue(maxsize=2)
+        self._thread: Optional[threading.Thread] = None
+        self._error: Optional[BaseException] = None
         target.parent.mkdir(parents=True, exist_ok=True, mode=0o755)
         self.directory = temp_dir_for(target, self.build_id)
         self.directory.mkdir(mode=0o755)
@@ -152,7 +159,7 @@ class CacheWriter:
             self._pending_bytes += size
             self.num_records += 1
             self.num_bytes += size
-            if self._pending_bytes >= _TXN_BYTES or len(self._pending) >= _TXN_RECORDS:
+            if self._pending_bytes >= self._txn_bytes or len(self._pending) >= _TXN_RECORDS:
                 self._flush()
         self.progress.update(self.num_records, self.num_bytes)
 
@@ -168,15 +175,39 @@ class CacheWriter:
             meminit=False,
             max_dbs=0,
         )
-        self._part_first = self.num_records - len(self._pending)
+        self._part_first = self._written
         self._part_bytes = 0
 
     def _flush(self) -> None:
+        """Hands the pending records to the LMDB thread (blocks while it is two batches behind)."""
+        self._raise_thread_error()
         if not self._pending:
             return
+        if self._thread is None:
+            self._thread = threading.Thread(
+                target=self._write_loop, name=f"yogacache-writer-{self.build_id[:8]}", daemon=True
+            )
+            self._thread.start()
+        self._queue.put((self._pending, self._pending_bytes))
+        self._pending = []
+        self._pending_bytes = 0
+
+    def _write_loop(self) -> None:
+        """Runs in the writer thread: commits batches so that encoding and I/O overlap."""
+        while True:
+            item = self._queue.get()
+            if item is None or self._error is not None:
+                if item is None:
+                    return
+                continue  # drain after an error so the producer never blocks
+            try:
+                self._write_batch(*item)
+            except BaseException as error:  # handed to the producer thread
+                self._error = error
+
+    def _write_batch(self, pending: list[tuple[bytes, bytes]], size: int) -> None:
         if self._env is None:
             self._open_part()
-        pending = self._pending
         while True:
             try:
                 with self._env.begin(write=True) as txn:
@@ -194,11 +225,25 @@ class CacheWriter:
                     f"writing {self.dataset_id}:{self.dataset_version} to {self.directory} "
                     f"failed: {error}; nothing was cached"
                 ) from error
-        self._part_bytes += self._pending_bytes
-        self._pending = []
-        self._pending_bytes = 0
+        self._written += len(pending)
+        self._part_bytes += size
         if self._part_bytes >= self.part_size_bytes:
             self._close_part()
+
+    def _join_thread(self) -> None:
+        if self._thread is not None:
+            self._queue.put(None)
+            self._thread.join()
+            self._thread = None
+
+    def _raise_thread_error(self) -> None:
+        if self._error is not None:
+            error = self._error
+            if isinstance(error, (BuildError, OSError)):
+                raise error
+            raise BuildError(
+                f"writing {self.dataset_id}:{self.dataset_version} failed: {error}; nothing was cached"
+            ) from error
 
     def _close_part(self) -> None:
         if self._env is None:
@@ -212,7 +257,7 @@ class CacheWriter:
         finally:
             env.close()
         path = self.directory / part_name(len(self._parts))
-        count = self.num_records - len(self._pending) - self._part_first
+        count = self._written - self._part_first
         if entries != count:
             raise BuildError(f"part {path} holds {entries} records, expected {count}")
         fsync_path(path)
@@ -233,6 +278,8 @@ class CacheWriter:
             raise BuildError(f"writer for {self.dataset_id}:{self.dataset_version} is closed")
         try:
             self._flush()
+            self._join_thread()
+            self._raise_thread_error()
             if self._env is None and not self._parts:
                 self._open_part()  # an empty dataset still gets one (empty) part
             self._close_part()
@@ -269,6 +316,8 @@ class CacheWriter:
     def discard(self) -> None:
         """Drops everything written so far; idempotent."""
         self._closed = True
+        self._pending = []
+        self._join_thread()
         if self._env is not None:
             env, self._env = self._env, None
             try:
