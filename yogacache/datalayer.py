@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import functools
-from pathlib import Path
 from typing import Any, Callable, Mapping, Optional, Union
 
-from yogacache.config import S3Config, GCSConfig, SharedFSConfig, StorageConfig, parse_config
+from yogacache.config import SharedFSConfig, StorageConfig, parse_config
 from yogacache.dataref import CacheDataRef, Stream
-from yogacache.errors import ConfigError
 from yogacache.integrity import Verify
 from yogacache.names import validate_name
 from yogacache.sampler import _as_int
@@ -56,8 +54,8 @@ class DataLayer:
         self.offset = _as_int(offset, "offset")
         if self.offset < 0:
             raise ValueError(f"offset must not be negative, got {self.offset}")
-        self.store = CacheStore(
-            self._root(self.config),
+        self.store = make_store(
+            self.config,
             verify=verify,
             limits=BuildLimits(max_records=max_records, max_bytes=max_bytes),
             show_progress=show_progress,
@@ -66,15 +64,6 @@ class DataLayer:
     @classmethod
     def from_config(cls, config: Union[Mapping[str, Any], StorageConfig, None], **kwargs: Any) -> DataLayer:
         return cls(config, **kwargs)
-
-    @staticmethod
-    def _root(config: Optional[StorageConfig]) -> Path:
-        if config is None:
-            return default_cache_root()
-        if isinstance(config, SharedFSConfig):
-            return config.storage_path or default_cache_root()
-        kind = "s3" if isinstance(config, S3Config) else "gcs" if isinstance(config, GCSConfig) else "?"
-        raise ConfigError(f"storage type {kind!r} is not available in this version of yogacache")
 
     def __repr__(self) -> str:
         return (
@@ -156,6 +145,29 @@ class DataLayer:
             ),
             _tf_adapter,
         )
+
+
+def make_store(
+    config: Optional[StorageConfig],
+    *,
+    verify: Verify = "auto",
+    limits: BuildLimits = BuildLimits(),
+    show_progress: bool = True,
+) -> Union[CacheStore, Any]:
+    """The store a config names: a CacheStore for shared_fs and the local default, a
+    RemoteCacheStore (with node-local copies) for s3 and gcs."""
+    if config is None or isinstance(config, SharedFSConfig):
+        root = (config.storage_path if config is not None else None) or default_cache_root()
+        return CacheStore(root, verify=verify, limits=limits, show_progress=show_progress)
+    from yogacache.remote import RemoteCacheStore, object_store_for
+
+    return RemoteCacheStore(
+        object_store_for(config),
+        config.local_cache_path or default_cache_root(),
+        verify=verify,
+        limits=limits,
+        show_progress=show_progress,
+    )
 
 
 def _tf_adapter(stream: Stream) -> Any:

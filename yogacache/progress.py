@@ -68,3 +68,53 @@ class Progress:
                 self.stream.flush()
         else:
             log.info("built %s", self._line(records, size))
+
+
+class TransferProgress:
+    """Bytes, rate and ETA of an upload or download; safe to update from transfer threads."""
+
+    def __init__(self, label: str, total: int, *, enabled: bool = True, stream: Optional[TextIO] = None) -> None:
+        import threading
+
+        self.label = label
+        self.total = total
+        self.done = 0
+        self._lock = threading.Lock()
+        self._progress = Progress(label, enabled=enabled, stream=stream)
+
+    def _line(self) -> str:
+        elapsed = max(time.monotonic() - self._progress.start, 1e-9)
+        rate = self.done / elapsed
+        eta = (self.total - self.done) / rate if rate > 0 else float("inf")
+        eta_text = f"{eta:.0f} s" if eta != float("inf") else "?"
+        return (
+            f"{self.label}: {format_bytes(self.done)} of {format_bytes(self.total)} "
+            f"({format_bytes(rate)}/s, ETA {eta_text})"
+        )
+
+    def add(self, count: int) -> None:
+        with self._lock:
+            self.done += count
+            progress = self._progress
+            if not progress.enabled:
+                return
+            now = time.monotonic()
+            if now - progress._last < progress.interval:
+                return
+            progress._last = now
+            if progress.tty:
+                progress.stream.write("\r" + self._line() + "\x1b[K")
+                progress.stream.flush()
+                progress._shown = True
+            else:
+                log.info("%s", self._line())
+
+    def finish(self) -> None:
+        progress = self._progress
+        if not progress.enabled:
+            return
+        if progress.tty and progress._shown:
+            progress.stream.write("\r" + self._line() + "\x1b[K\n")
+            progress.stream.flush()
+        elif not progress.tty:
+            log.info("%s", self._line())

@@ -99,7 +99,7 @@ class CacheStore:
     def build(self, dataset_id: str, dataset_version: str, data: Any) -> Manifest:
         """Builds a cache from ``data`` and publishes it, replacing any existing one."""
         with FileLock(self.lock_path(dataset_id, dataset_version)):
-            return self._build_locked(dataset_id, dataset_version, source_for(data))
+            return self.build_locked(dataset_id, dataset_version, source_for(data))
 
     def get_or_build(
         self, dataset_id: str, dataset_version: str, make_data: Callable[[], Any]
@@ -116,10 +116,11 @@ class CacheStore:
             pass
         with FileLock(self.lock_path(dataset_id, dataset_version)):
             if not self.exists(dataset_id, dataset_version):
-                self._build_locked(dataset_id, dataset_version, source_for(make_data()))
+                self.build_locked(dataset_id, dataset_version, source_for(make_data()))
         return self.open(dataset_id, dataset_version)
 
-    def _build_locked(self, dataset_id: str, dataset_version: str, source: RecordSource) -> Manifest:
+    def build_locked(self, dataset_id: str, dataset_version: str, source: RecordSource) -> Manifest:
+        """Builds and publishes a cache; the caller holds the cache's lock."""
         target = self.cache_dir(dataset_id, dataset_version)
         self.clean_leftovers(dataset_id, dataset_version)
         progress = Progress(

@@ -1,15 +1,23 @@
-"""YogaDL-compatible storages: ``LFSConfigurations``/``LFSStorage`` over a CacheStore."""
+"""YogaDL-compatible storages: LFS over a CacheStore; S3 and GCS over a RemoteCacheStore."""
 
 from __future__ import annotations
 
 import functools
+import warnings
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 from yogacache.dataref import CacheDataRef, Storage
 from yogacache.store import CacheStore
 
-__all__ = ["LFSConfigurations", "LFSStorage"]
+__all__ = [
+    "GCSConfigurations",
+    "GCSStorage",
+    "LFSConfigurations",
+    "LFSStorage",
+    "S3Configurations",
+    "S3Storage",
+]
 
 
 class LFSConfigurations:
@@ -55,3 +63,139 @@ class LFSStorage(Storage):
             return create_dataref
 
         return wrap
+
+
+def _warn_coordinator(url: Any, cert_file: Any, cert_name: Any) -> None:
+    if url is not None or cert_file is not None or cert_name is not None:
+        warnings.warn(
+            "yogacache needs no coordinator server: url and coordinator_cert_* are ignored "
+            "(builds are coordinated through the bucket itself)",
+            UserWarning,
+            stacklevel=3,
+        )
+
+
+class BaseCloudConfigurations:
+    """What S3 and GCS configurations share (YogaDL's constructor arguments)."""
+
+    def __init__(
+        self,
+        bucket: str,
+        bucket_directory_path: str,
+        url: Optional[str] = None,
+        local_cache_dir: str = "/tmp/",
+        skip_verify: bool = False,
+        coordinator_cert_file: Optional[str] = None,
+        coordinator_cert_name: Optional[str] = None,
+    ) -> None:
+        _warn_coordinator(url, coordinator_cert_file, coordinator_cert_name)
+        self.bucket = bucket
+        self.bucket_directory_path = bucket_directory_path
+        self.url = url
+        self.local_cache_dir = Path(local_cache_dir)
+        self.skip_verify = skip_verify
+        self.cache_format = "LMDB"
+
+
+class S3Configurations(BaseCloudConfigurations):
+    """YogaDL's S3Configurations; credentials default to the standard AWS chain."""
+
+    def __init__(
+        self,
+        bucket: str,
+        bucket_directory_path: str,
+        url: Optional[str] = None,
+        access_key: Optional[str] = None,
+        secret_key: Optional[str] = None,
+        endpoint_url: Optional[str] = None,
+        local_cache_dir: str = "/tmp/",
+        skip_verify: bool = False,
+        coordinator_cert_file: Optional[str] = None,
+        coordinator_cert_name: Optional[str] = None,
+    ) -> None:
+        super().__init__(
+            bucket,
+            bucket_directory_path,
+            url,
+            local_cache_dir,
+            skip_verify,
+            coordinator_cert_file,
+            coordinator_cert_name,
+        )
+        self.access_key = access_key
+        self.secret_key = secret_key
+        self.endpoint_url = endpoint_url
+
+    def __repr__(self) -> str:
+        return f"S3Configurations(bucket={self.bucket!r}, bucket_directory_path={self.bucket_directory_path!r})"
+
+
+class GCSConfigurations(BaseCloudConfigurations):
+    """YogaDL's GCSConfigurations; credentials come from the standard Google chain."""
+
+
+class BaseCloudStorage(Storage):
+    """A YogaDL-compatible storage over a RemoteCacheStore."""
+
+    def __init__(self, configurations: BaseCloudConfigurations, tensorflow_config: Any = None) -> None:
+        from yogacache.remote import RemoteCacheStore
+
+        self._configurations = configurations
+        if configurations.cache_format != "LMDB":
+            raise ValueError(f"unsupported cache_format {configurations.cache_format!r}; use 'LMDB'")
+        self.store = RemoteCacheStore(self._object_store(), configurations.local_cache_dir)
+
+    def _object_store(self) -> Any:
+        raise NotImplementedError
+
+    def submit(self, data: Any, dataset_id: str, dataset_version: str) -> None:
+        """Builds the cache locally and publishes it (refused if one is already published)."""
+        self.store.build(dataset_id, dataset_version, data)
+
+    def fetch(self, dataset_id: str, dataset_version: str) -> CacheDataRef:
+        """Syncs the local copy with the published cache and returns a DataRef to it."""
+        return CacheDataRef(self.store.open(dataset_id, dataset_version))
+
+    def cacheable(self, dataset_id: str, dataset_version: str) -> Callable[..., Any]:
+        """Decorator: builds and publishes only when no node has; returns a DataRef."""
+        self.store.key(dataset_id, dataset_version)  # validate before any call
+
+        def wrap(make_dataset: Callable[..., Any]) -> Callable[..., CacheDataRef]:
+            @functools.wraps(make_dataset)
+            def create_dataref(*args: Any, **kwargs: Any) -> CacheDataRef:
+                reader = self.store.get_or_build(
+                    dataset_id, dataset_version, lambda: make_dataset(*args, **kwargs)
+                )
+                return CacheDataRef(reader)
+
+            return create_dataref
+
+        return wrap
+
+
+class S3Storage(BaseCloudStorage):
+    """Caches published to S3 (or an S3-compatible server), synced to a local copy per node."""
+
+    def _object_store(self) -> Any:
+        from yogacache.remote.s3 import S3ObjectStore
+
+        config = self._configurations
+        if not isinstance(config, S3Configurations):
+            raise TypeError("S3Storage needs S3Configurations")
+        return S3ObjectStore(
+            config.bucket,
+            config.bucket_directory_path,
+            endpoint_url=config.endpoint_url,
+            access_key=config.access_key,
+            secret_key=config.secret_key,
+        )
+
+
+class GCSStorage(BaseCloudStorage):
+    """Caches published to Google Cloud Storage, synced to a local copy per node."""
+
+    def _object_store(self) -> Any:
+        from yogacache.remote.gcs import GCSObjectStore
+
+        config = self._configurations
+        return GCSObjectStore(config.bucket, config.bucket_directory_path)

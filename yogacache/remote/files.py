@@ -1,0 +1,139 @@
+"""A directory as an object store: the shared-filesystem backend of the object-store contract.
+
+Writes go to a temporary file and are renamed into place; conditional creates use
+``link()``, which fails if the name exists; version tokens are a content hash.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import uuid
+from pathlib import Path
+from typing import Optional
+
+from yogacache.locks import FileLock
+from yogacache.remote.objects import ObjectInfo, ProgressCallback, join_key
+
+_COPY_CHUNK = 8 << 20
+
+
+def _token(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+class FileObjectStore:
+    """Objects as files under ``root`` (a local or shared filesystem)."""
+
+    def __init__(self, root: Path | str) -> None:
+        self.root = Path(root).absolute()
+
+    def __repr__(self) -> str:
+        return f"FileObjectStore({str(self.root)!r})"
+
+    def url(self, key: str = "") -> str:
+        return f"file://{self.root}/{key}" if key else f"file://{self.root}"
+
+    def _path(self, key: str) -> Path:
+        path = (self.root / join_key(key)).absolute()
+        if path != self.root and self.root not in path.parents:
+            raise ValueError(f"object key {key!r} escapes {self.root}")
+        return path
+
+    def _temp_beside(self, path: Path) -> Path:
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o755)
+        return path.parent / f".{path.name}.tmp-{uuid.uuid4().hex}"
+
+    def read(self, key: str) -> Optional[tuple[bytes, str]]:
+        try:
+            data = self._path(key).read_bytes()
+        except (FileNotFoundError, IsADirectoryError):
+            return None
+        return data, _token(data)
+
+    def write(
+        self, key: str, data: bytes, *, if_absent: bool = False, if_token: Optional[str] = None
+    ) -> Optional[str]:
+        path = self._path(key)
+        temp = self._temp_beside(path)
+        with open(temp, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        try:
+            if if_absent:
+                try:
+                    os.link(temp, path)  # atomic create-if-absent
+                except FileExistsError:
+                    return None
+                return _token(data)
+            if if_token is not None:
+                with FileLock(path.parent / f".{path.name}.lock"):
+                    current = self.read(key)
+                    if current is None or current[1] != if_token:
+                        return None
+                    os.replace(temp, path)
+                return _token(data)
+            os.replace(temp, path)
+            return _token(data)
+        finally:
+            if temp.exists():
+                temp.unlink()
+
+    def delete(self, key: str, if_token: Optional[str] = None) -> bool:
+        path = self._path(key)
+        if if_token is not None:
+            with FileLock(path.parent / f".{path.name}.lock"):
+                current = self.read(key)
+                if current is None or current[1] != if_token:
+                    return False
+                path.unlink()
+                return True
+        try:
+            path.unlink()
+        except FileNotFoundError:
+            return False
+        return True
+
+    def upload_file(self, path: Path, key: str, progress: Optional[ProgressCallback] = None) -> None:
+        target = self._path(key)
+        temp = self._temp_beside(target)
+        try:
+            _copy(Path(path), temp, progress)
+            os.replace(temp, target)
+        finally:
+            if temp.exists():
+                temp.unlink()
+
+    def download_file(self, key: str, path: Path, progress: Optional[ProgressCallback] = None) -> None:
+        source = self._path(key)
+        if not source.is_file():
+            raise FileNotFoundError(f"{self.url(key)} does not exist")
+        _copy(source, Path(path), progress)
+
+    def list(self, prefix: str = "") -> list[ObjectInfo]:
+        found = []
+        if not self.root.is_dir():
+            return found
+        for directory, _, files in os.walk(self.root):
+            for name in files:
+                if name.startswith("."):
+                    continue
+                full = Path(directory) / name
+                key = full.relative_to(self.root).as_posix()
+                if key.startswith(prefix):
+                    found.append(ObjectInfo(key=key, size=full.stat().st_size))
+        return sorted(found, key=lambda info: info.key)
+
+
+def _copy(source: Path, target: Path, progress: Optional[ProgressCallback]) -> None:
+    with open(source, "rb") as reader, open(target, "wb") as writer:
+        while chunk := reader.read(_COPY_CHUNK):
+            writer.write(chunk)
+            if progress:
+                progress(len(chunk))
+        writer.flush()
+        os.fsync(writer.fileno())
+
+

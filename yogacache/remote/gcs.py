@@ -1,0 +1,194 @@
+"""Google Cloud Storage object store; imported only when GCS is used.
+
+Credentials come from the standard Google chain; ``STORAGE_EMULATOR_HOST`` points the client at
+an emulator. Generations are the version tokens (``ifGenerationMatch``).
+"""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+from typing import Any, Optional
+
+from yogacache.remote.objects import (
+    ObjectInfo,
+    ProgressCallback,
+    RemoteError,
+    RetryPolicy,
+    join_key,
+)
+
+try:
+    from google.api_core import exceptions as gexc
+    from google.cloud import storage as gcs
+except ImportError as error:  # pragma: no cover - exercised only without the library
+    raise ImportError("GCS storage needs google-cloud-storage: pip install 'yogacache[gcs]'") from error
+
+_CHUNK = 32 << 20
+
+
+def _is_transient(error: BaseException) -> bool:
+    return not isinstance(error, (gexc.NotFound, gexc.PreconditionFailed))
+
+
+def _bucket_missing(error: BaseException) -> bool:
+    return "bucket" in str(error).lower() and "not exist" in str(error).lower()
+
+
+class _CountingReader(io.RawIOBase):
+    def __init__(self, handle: Any, progress: Optional[ProgressCallback]) -> None:
+        self._handle = handle
+        self._progress = progress
+
+    def readable(self) -> bool:
+        return True
+
+    def read(self, size: int = -1) -> bytes:
+        data = self._handle.read(size)
+        if self._progress and data:
+            self._progress(len(data))
+        return data
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        return self._handle.seek(offset, whence)
+
+    def tell(self) -> int:
+        return self._handle.tell()
+
+    def seekable(self) -> bool:
+        return True
+
+
+class _CountingWriter(io.RawIOBase):
+    def __init__(self, handle: Any, progress: Optional[ProgressCallback]) -> None:
+        self._handle = handle
+        self._progress = progress
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data: Any) -> int:
+        written = self._handle.write(data)
+        if self._progress:
+            self._progress(len(data))
+        return written
+
+
+class GCSObjectStore:
+    """Objects under ``gs://bucket/prefix``."""
+
+    def __init__(
+        self,
+        bucket: str,
+        prefix: str = "",
+        *,
+        client: Any = None,
+        retry: RetryPolicy = RetryPolicy(),
+        timeout: float = 60.0,
+    ) -> None:
+        self.bucket_name = bucket
+        self.prefix = prefix.strip("/")
+        self.retry = retry
+        self.timeout = timeout
+        self._client = client or gcs.Client()
+        self._bucket = self._client.bucket(bucket)
+
+    def __repr__(self) -> str:
+        return f"GCSObjectStore({self.url()!r})"
+
+    def url(self, key: str = "") -> str:
+        return f"gs://{self.bucket_name}/{join_key(self.prefix, key)}"
+
+    def _blob(self, key: str, generation: Optional[int] = None) -> Any:
+        return self._bucket.blob(join_key(self.prefix, key), chunk_size=_CHUNK, generation=generation)
+
+    def _run(self, what: str, key: str, call: Any) -> Any:
+        return self.retry.run(f"{what} {self.url(key)}", call, _is_transient)
+
+    def read(self, key: str) -> Optional[tuple[bytes, str]]:
+        def call() -> Optional[tuple[bytes, str]]:
+            blob = self._blob(key)
+            try:
+                data = blob.download_as_bytes(retry=None, timeout=self.timeout)
+            except gexc.NotFound as error:
+                if _bucket_missing(error):
+                    raise RemoteError(f"bucket {self.bucket_name!r} does not exist") from None
+                return None
+            return data, str(blob.generation)
+
+        return self._run("GET", key, call)
+
+    def write(
+        self, key: str, data: bytes, *, if_absent: bool = False, if_token: Optional[str] = None
+    ) -> Optional[str]:
+        match: Optional[int] = 0 if if_absent else (int(if_token) if if_token is not None else None)
+
+        def call() -> Optional[str]:
+            blob = self._blob(key)
+            try:
+                blob.upload_from_string(
+                    data, if_generation_match=match, retry=None, timeout=self.timeout
+                )
+            except gexc.PreconditionFailed:
+                return None
+            except gexc.NotFound:
+                if match is not None:
+                    return None
+                raise
+            return str(blob.generation)
+
+        return self._run("PUT", key, call)
+
+    def delete(self, key: str, if_token: Optional[str] = None) -> bool:
+        def call() -> bool:
+            try:
+                self._blob(key).delete(
+                    if_generation_match=int(if_token) if if_token is not None else None,
+                    retry=None,
+                    timeout=self.timeout,
+                )
+            except (gexc.NotFound, gexc.PreconditionFailed):
+                return False
+            return True
+
+        return self._run("DELETE", key, call)
+
+    def upload_file(self, path: Path, key: str, progress: Optional[ProgressCallback] = None) -> None:
+        def call() -> None:
+            with open(path, "rb") as handle:
+                self._blob(key).upload_from_file(
+                    _CountingReader(handle, progress),
+                    size=Path(path).stat().st_size,
+                    retry=None,
+                    timeout=self.timeout,
+                )
+
+        self._run("upload to", key, call)
+
+    def download_file(self, key: str, path: Path, progress: Optional[ProgressCallback] = None) -> None:
+        def call() -> None:
+            try:
+                with open(path, "wb") as handle:
+                    self._blob(key).download_to_file(
+                        _CountingWriter(handle, progress), retry=None, timeout=self.timeout
+                    )
+            except gexc.NotFound:
+                raise FileNotFoundError(f"{self.url(key)} does not exist") from None
+
+        self._run("download of", key, call)
+
+    def list(self, prefix: str = "") -> list[ObjectInfo]:
+        full = join_key(self.prefix, prefix)
+        if prefix.endswith("/") or not prefix:
+            full = full + "/" if full else ""
+        strip = len(self.prefix) + 1 if self.prefix else 0
+
+        def call() -> list[ObjectInfo]:
+            return [
+                ObjectInfo(key=blob.name[strip:], size=int(blob.size or 0))
+                for blob in self._client.list_blobs(
+                    self.bucket_name, prefix=full, retry=None, timeout=self.timeout
+                )
+            ]
+
+        return self._run("LIST", prefix, call)

@@ -1,0 +1,116 @@
+"""The object-store contract every backend implements, and the retry policy they share.
+
+A backend has a handful of primitives: read and write small objects (optionally
+conditionally), transfer files, list and delete. "Not found" and "precondition failed" are
+answers; every other failure (403, 5xx, timeouts, resets) is retried with backoff and then
+raised as RemoteError naming the object, never read as "absent".
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Optional, Protocol, TypeVar
+
+from yogacache.errors import YogaCacheError
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+ProgressCallback = Callable[[int], None]  # called with bytes transferred since the last call
+
+
+class RemoteError(YogaCacheError):
+    """A request to the object store failed (after retries); the cache was left untouched."""
+
+
+@dataclass(frozen=True)
+class ObjectInfo:
+    """One listed object: key relative to the store's prefix, size, and version token."""
+
+    key: str
+    size: int
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How often and how patiently transient failures are retried."""
+
+    attempts: int = 5
+    base_delay: float = 0.2
+    max_delay: float = 5.0
+
+    def run(self, what: str, call: Callable[[], T], is_transient: Callable[[BaseException], bool]) -> T:
+        """Runs ``call``; retries failures ``is_transient`` accepts, then raises RemoteError."""
+        for attempt in range(1, self.attempts + 1):
+            try:
+                return call()
+            except RemoteError:
+                raise
+            except Exception as error:  # the backend's own exception types
+                if not is_transient(error) or attempt == self.attempts:
+                    raise RemoteError(
+                        f"{what} failed after {attempt} attempt(s): {describe_error(error)}"
+                    ) from None
+                delay = min(self.max_delay, self.base_delay * 2 ** (attempt - 1))
+                delay *= 0.5 + random.random()
+                log.warning("%s failed (%s); retrying in %.1f s", what, describe_error(error), delay)
+                time.sleep(delay)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+
+def describe_error(error: BaseException) -> str:
+    """A short, secret-free description of a backend error."""
+    response = getattr(error, "response", None)
+    if isinstance(response, dict):  # botocore ClientError
+        info = response.get("Error", {})
+        status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+        return f"HTTP {status} {info.get('Code', '')}".strip()
+    code = getattr(error, "code", None)
+    if isinstance(code, int):  # google.api_core exceptions
+        return f"HTTP {code} {type(error).__name__}"
+    return type(error).__name__
+
+
+class ObjectStore(Protocol):
+    """Objects under one prefix of one bucket (or directory). Keys are relative to the prefix."""
+
+    def url(self, key: str = "") -> str:
+        """``s3://bucket/prefix/key`` or similar, for messages (never holds credentials)."""
+        ...
+
+    def read(self, key: str) -> Optional[tuple[bytes, str]]:
+        """The object's bytes and version token, or None when it does not exist."""
+        ...
+
+    def write(
+        self, key: str, data: bytes, *, if_absent: bool = False, if_token: Optional[str] = None
+    ) -> Optional[str]:
+        """Stores ``data``; returns the new token, or None when the precondition failed.
+
+        ``if_absent`` creates only if no object exists (S3 ``If-None-Match: *``, GCS
+        ``ifGenerationMatch=0``); ``if_token`` replaces only the version with that token.
+        """
+        ...
+
+    def delete(self, key: str, if_token: Optional[str] = None) -> bool:
+        """Deletes the object; False when it was absent or the precondition failed."""
+        ...
+
+    def upload_file(self, path: Path, key: str, progress: Optional[ProgressCallback] = None) -> None:
+        ...
+
+    def download_file(self, key: str, path: Path, progress: Optional[ProgressCallback] = None) -> None:
+        """Downloads to ``path`` (overwriting); FileNotFoundError when the object is absent."""
+        ...
+
+    def list(self, prefix: str = "") -> list[ObjectInfo]:
+        """Every object whose key starts with ``prefix``."""
+        ...
+
+
+def join_key(*parts: str) -> str:
+    return "/".join(part.strip("/") for part in parts if part.strip("/"))

@@ -1,0 +1,192 @@
+"""S3 (and S3-compatible) object store through boto3; imported only when S3 is used."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Optional
+
+from yogacache.remote.objects import (
+    ObjectInfo,
+    ProgressCallback,
+    RemoteError,
+    RetryPolicy,
+    join_key,
+)
+
+try:
+    import boto3
+    import botocore.config
+    import botocore.exceptions
+    from boto3.s3.transfer import TransferConfig
+except ImportError as error:  # pragma: no cover - exercised only without boto3
+    raise ImportError("S3 storage needs boto3: pip install 'yogacache[s3]'") from error
+
+_ABSENT = {"404", "NoSuchKey", "NotFound"}
+_PRECONDITION = {"412", "PreconditionFailed", "ConditionalRequestConflict"}
+_MULTIPART = 64 << 20
+
+
+def _code(error: BaseException) -> str:
+    if isinstance(error, botocore.exceptions.ClientError):
+        return str(error.response.get("Error", {}).get("Code", ""))
+    return ""
+
+
+def _is_transient(error: BaseException) -> bool:
+    # Everything but "absent" and "precondition failed" is worth another try: 403s from
+    # clock skew or credential refresh, 5xx, throttling, timeouts and resets.
+    return _code(error) not in _ABSENT | _PRECONDITION | {"NoSuchBucket", "InvalidBucketName"}
+
+
+class S3ObjectStore:
+    """Objects under ``s3://bucket/prefix``. Credentials come from the standard AWS chain unless given."""
+
+    def __init__(
+        self,
+        bucket: str,
+        prefix: str = "",
+        *,
+        endpoint_url: Optional[str] = None,
+        access_key: Optional[str] = None,
+        secret_key: Optional[str] = None,
+        retry: RetryPolicy = RetryPolicy(),
+        max_concurrency: int = 8,
+        timeout: float = 60.0,
+    ) -> None:
+        self.bucket = bucket
+        self.prefix = prefix.strip("/")
+        self.retry = retry
+        config = botocore.config.Config(
+            retries={"max_attempts": 1, "mode": "standard"},  # RetryPolicy retries
+            connect_timeout=timeout,
+            read_timeout=timeout,
+            max_pool_connections=max(10, max_concurrency * 2),
+        )
+        session = boto3.session.Session()
+        self._client = session.client(
+            "s3",
+            endpoint_url=endpoint_url,  # None: AWS_ENDPOINT_URL or AWS itself
+            aws_access_key_id=access_key,
+            aws_secret_access_key=secret_key,
+            config=config,
+        )
+        self._transfer = TransferConfig(
+            multipart_threshold=_MULTIPART,
+            multipart_chunksize=_MULTIPART,
+            max_concurrency=max_concurrency,
+            use_threads=True,
+        )
+
+    def __repr__(self) -> str:
+        return f"S3ObjectStore({self.url()!r})"
+
+    def url(self, key: str = "") -> str:
+        return f"s3://{self.bucket}/{join_key(self.prefix, key)}"
+
+    def _key(self, key: str) -> str:
+        return join_key(self.prefix, key)
+
+    def _run(self, what: str, key: str, call: Any) -> Any:
+        return self.retry.run(f"{what} {self.url(key)}", call, _is_transient)
+
+    def read(self, key: str) -> Optional[tuple[bytes, str]]:
+        def call() -> Optional[tuple[bytes, str]]:
+            try:
+                response = self._client.get_object(Bucket=self.bucket, Key=self._key(key))
+            except botocore.exceptions.ClientError as error:
+                if _code(error) in _ABSENT:
+                    return None
+                if _code(error) == "NoSuchBucket":
+                    raise RemoteError(f"bucket {self.bucket!r} does not exist") from None
+                raise
+            return response["Body"].read(), response["ETag"]
+
+        return self._run("GET", key, call)
+
+    def write(
+        self, key: str, data: bytes, *, if_absent: bool = False, if_token: Optional[str] = None
+    ) -> Optional[str]:
+        extra: dict[str, str] = {}
+        if if_absent:
+            extra["IfNoneMatch"] = "*"
+        if if_token is not None:
+            extra["IfMatch"] = if_token
+
+        def call() -> Optional[str]:
+            try:
+                response = self._client.put_object(
+                    Bucket=self.bucket, Key=self._key(key), Body=data, **extra
+                )
+            except botocore.exceptions.ClientError as error:
+                if extra and _code(error) in _PRECONDITION:
+                    return None
+                if if_token is not None and _code(error) in _ABSENT:
+                    return None
+                raise
+            return str(response["ETag"])
+
+        return self._run("PUT", key, call)
+
+    def delete(self, key: str, if_token: Optional[str] = None) -> bool:
+        extra = {"IfMatch": if_token} if if_token is not None else {}
+
+        def call() -> bool:
+            try:
+                self._client.delete_object(Bucket=self.bucket, Key=self._key(key), **extra)
+            except botocore.exceptions.ClientError as error:
+                if _code(error) in _ABSENT | _PRECONDITION:
+                    return False
+                raise
+            return True
+
+        return self._run("DELETE", key, call)
+
+    def upload_file(self, path: Path, key: str, progress: Optional[ProgressCallback] = None) -> None:
+        self._run(
+            "upload to",
+            key,
+            lambda: self._client.upload_file(
+                str(path), self.bucket, self._key(key), Callback=progress, Config=self._transfer
+            ),
+        )
+
+    def download_file(self, key: str, path: Path, progress: Optional[ProgressCallback] = None) -> None:
+        def call() -> None:
+            try:
+                self._client.download_file(
+                    self.bucket, self._key(key), str(path), Callback=progress, Config=self._transfer
+                )
+            except botocore.exceptions.ClientError as error:
+                if _code(error) in _ABSENT:
+                    raise FileNotFoundError(f"{self.url(key)} does not exist") from None
+                raise
+
+        self._run("download of", key, call)
+
+    def list(self, prefix: str = "") -> list[ObjectInfo]:
+        full = join_key(self.prefix, prefix)
+        if prefix.endswith("/") or not prefix:
+            full = full + "/" if full else ""
+        strip = len(self.prefix) + 1 if self.prefix else 0
+
+        def call() -> list[ObjectInfo]:
+            found = []
+            paginator = self._client.get_paginator("list_objects_v2")
+            for page in paginator.paginate(Bucket=self.bucket, Prefix=full):
+                for item in page.get("Contents", []):
+                    found.append(ObjectInfo(key=item["Key"][strip:], size=int(item["Size"])))
+            return found
+
+        return self._run("LIST", prefix, call)
+
+    def bulk_delete(self, keys: list[str]) -> None:
+        for start in range(0, len(keys), 1000):
+            chunk = keys[start : start + 1000]
+            self._run(
+                "DELETE objects under",
+                "",
+                lambda chunk=chunk: self._client.delete_objects(
+                    Bucket=self.bucket,
+                    Delete={"Objects": [{"Key": self._key(k)} for k in chunk], "Quiet": True},
+                ),
+            )
