@@ -20,3 +20,6 @@ def private_default_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Pat
     monkeypatch.setenv("YOGACACHE_HOME", str(root))
     monkeypatch.delenv("YOGACACHE_STORAGE", raising=False)
     return root
+
+
+pytest_plugins = ["tests.servers"]

