@@ -10,7 +10,18 @@ from __future__ import annotations
 import itertools
 from typing import Any, Iterable, Iterator, Optional, Protocol
 
-from yogacache.codec import RecordCodec, Spec, TensorSpec, flatten, generalize, infer_spec
+import numpy as np
+
+from yogacache.codec import (
+    FixedLayout,
+    RecordCodec,
+    Spec,
+    TensorSpec,
+    flatten,
+    generalize,
+    infer_spec,
+    spec_leaves,
+)
 from yogacache.errors import UnsupportedDatasetError
 
 PYTHON_BATCH = 256
@@ -68,13 +79,36 @@ class PythonSource:
             return
         spec = infer_spec(first)
         codec = RecordCodec(_open_spec(spec))
+        fixed = RecordCodec(spec) if FixedLayout.applies(spec_leaves(spec)) else None
         for batch in _chunks(itertools.chain([first], iterator), PYTHON_BATCH):
+            if fixed is not None and spec == self._spec_or(spec):
+                encoded = _encode_stacked(fixed, spec, batch)
+                if encoded is not None:
+                    self._spec = spec
+                    yield encoded
+                    continue
+                fixed = None  # shapes or dtypes vary: encode element by element from now on
             encoded = []
             for element in batch:
                 spec = generalize(spec, infer_spec(element))
                 encoded.append(codec.encode(flatten(element, spec)))
             self._spec = spec
             yield encoded
+
+    def _spec_or(self, default: Spec) -> Spec:
+        return default if self._spec is None else self._spec
+
+
+def _encode_stacked(codec: RecordCodec, spec: Spec, batch: list[Any]) -> Optional[list[bytes]]:
+    """Encodes a batch of same-shaped numeric elements column-wise; None if they differ."""
+    try:
+        rows = [flatten(element, spec) for element in batch]
+        columns = [np.stack([np.asarray(row[i]) for row in rows]) for i in range(len(codec.leaves))]
+    except (UnsupportedDatasetError, ValueError, TypeError):
+        return None
+    if codec.layout is None:
+        return None
+    return codec.layout.encode(columns)
 
 
 def _chunks(iterable: Iterable[Any], size: int) -> Iterator[list[Any]]:
