@@ -8,8 +8,8 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-from yogacache.dataref import CacheDataRef, DataRef, Storage, Stream  # noqa: E402
 from yogacache.datalayer import DataLayer  # noqa: E402
+from yogacache.dataref import CacheDataRef, DataRef, Storage, Stream  # noqa: E402
 from yogacache.errors import (  # noqa: E402
     BuildError,
     CacheLimitExceededError,

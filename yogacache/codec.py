@@ -337,7 +337,7 @@ class RecordCodec:
         count = len(rows)
         columns: list[np.ndarray[Any, Any]] = []
         for index, leaf in enumerate(self.leaves):
-            shape = leaf.shape or ()
+            shape = tuple(int(d or 0) for d in leaf.shape or ())
             entries = [row[index] for row in rows]
             try:
                 if any(entry[0] != leaf.dtype or tuple(entry[1]) != shape for entry in entries):
@@ -348,7 +348,7 @@ class RecordCodec:
                 raise CorruptCacheError(f"leaf {index} of a record is malformed") from error
             if leaf.dtype == STRING:
                 decoded = [self._decode_leaf(index, entry) for entry in entries]
-                column = np.empty((count, *shape), dtype=object)
+                column: np.ndarray[Any, Any] = np.empty((count, *shape), dtype=object)
                 for row, item in enumerate(decoded):
                     column[row] = item
                 columns.append(column)
@@ -383,7 +383,7 @@ class FixedLayout:
         self.fields: list[tuple[int, int, np.dtype[Any], tuple[int, ...]]] = []
         headers: list[tuple[int, int]] = []
         for leaf in leaves:
-            shape = tuple(int(d) for d in leaf.shape or ())
+            shape = tuple(int(d or 0) for d in leaf.shape or ())
             dtype = numpy_dtype(leaf.dtype)
             size = math.prod(shape) * dtype.itemsize
             header = (
@@ -427,7 +427,8 @@ class FixedLayout:
             )
         table = np.frombuffer(raw, dtype=np.uint8).reshape(count, self.record_size)
         for part in self.header_slices:
-            if not np.array_equal(table[:, part], np.broadcast_to(self.template[part], (count, part.stop - part.start))):
+            expected = np.broadcast_to(self.template[part], (count, part.stop - part.start))
+            if not np.array_equal(table[:, part], expected):
                 raise CorruptCacheError("a record does not match the manifest's element spec")
         return [
             np.ascontiguousarray(table[:, offset : offset + size]).view(dtype).reshape((count, *shape))

@@ -80,7 +80,7 @@ StorageConfig = Union[SharedFSConfig, S3Config, GCSConfig]
 _TYPES: dict[str, type] = {"shared_fs": SharedFSConfig, "s3": S3Config, "gcs": GCSConfig}
 
 
-def parse_config(raw: Optional[Mapping[str, Any]]) -> Optional[StorageConfig]:
+def parse_config(raw: Union[Mapping[str, Any], StorageConfig, None]) -> Optional[StorageConfig]:
     """Validates a ``data_layer`` dict (``None`` means the local default)."""
     if raw is None:
         return None

@@ -31,6 +31,7 @@ import lmdb
 from yogacache import __version__
 from yogacache.codec import Spec
 from yogacache.errors import BuildError, CacheLimitExceededError
+from yogacache.integrity import sha256_file, stamp_verified
 from yogacache.manifest import (
     MANIFEST_NAME,
     Manifest,
@@ -39,7 +40,6 @@ from yogacache.manifest import (
     part_name,
     write_file_durably,
 )
-from yogacache.integrity import sha256_file, stamp_verified
 from yogacache.progress import Progress
 
 log = logging.getLogger(__name__)

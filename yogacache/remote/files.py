@@ -6,9 +6,9 @@ Writes go to a temporary file and are renamed into place; conditional creates us
 
 from __future__ import annotations
 
+import builtins
 import hashlib
 import os
-import shutil
 import uuid
 from pathlib import Path
 from typing import Optional
@@ -113,7 +113,7 @@ class FileObjectStore:
         _copy(source, Path(path), progress)
 
     def list(self, prefix: str = "") -> list[ObjectInfo]:
-        found = []
+        found: builtins.list[ObjectInfo] = []
         if not self.root.is_dir():
             return found
         for directory, _, files in os.walk(self.root):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import builtins
 from pathlib import Path
 from typing import Any, Optional
 
@@ -169,7 +170,7 @@ class S3ObjectStore:
             full = full + "/" if full else ""
         strip = len(self.prefix) + 1 if self.prefix else 0
 
-        def call() -> list[ObjectInfo]:
+        def call() -> builtins.list[ObjectInfo]:
             found = []
             paginator = self._client.get_paginator("list_objects_v2")
             for page in paginator.paginate(Bucket=self.bucket, Prefix=full):
@@ -179,7 +180,7 @@ class S3ObjectStore:
 
         return self._run("LIST", prefix, call)
 
-    def bulk_delete(self, keys: list[str]) -> None:
+    def bulk_delete(self, keys: builtins.list[str]) -> None:
         for start in range(0, len(keys), 1000):
             chunk = keys[start : start + 1000]
             self._run(

@@ -15,6 +15,7 @@ overwrite the parts a published manifest points to). Local copies live under
 
 from __future__ import annotations
 
+import builtins
 import logging
 import shutil
 import time
@@ -342,7 +343,9 @@ class RemoteCacheStore:
             for i, v in sorted(set(remote) | set(local))
         ]
 
-    def remove(self, dataset_id: str, dataset_version: str, *, remote: bool, local: bool) -> list[str]:
+    def remove(
+        self, dataset_id: str, dataset_version: str, *, remote: bool, local: bool
+    ) -> builtins.list[str]:
         """Removes the published cache (manifest first), the local copy, or both."""
         removed = []
         if remote:
