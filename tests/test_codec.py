@@ -74,7 +74,7 @@ def assert_bit_exact(got: Any, want: Any) -> None:
         return
     if isinstance(want, tuple):
         assert isinstance(got, tuple) and len(got) == len(want)
-        for a, b in zip(got, want):
+        for a, b in zip(got, want, strict=True):
             assert_bit_exact(a, b)
         return
     if isinstance(want, (bytes, str)):
@@ -186,7 +186,11 @@ def test_empty_string_array() -> None:
 def test_nested_dicts_and_tuples_are_preserved() -> None:
     element = {
         "image": sample_array("uint8", (4, 4, 3)),
-        "meta": {"label": np.int64(7), "names": ("x", b"y"), "weights": (np.float32(0.5), sample_array("float16", (2,)))},
+        "meta": {
+            "label": np.int64(7),
+            "names": ("x", b"y"),
+            "weights": (np.float32(0.5), sample_array("float16", (2,))),
+        },
         "pair": (np.array([1, 2], dtype=np.int16), {"z": np.bool_(True)}),
     }
     spec = infer_spec(element)
@@ -283,7 +287,7 @@ def test_fixed_layout_matches_per_record_encoding_for_every_dtype(name: str) -> 
     slow = [codec.encode([columns[0][i], columns[1][i]]) for i in range(9)]
     assert fast == slow
     decoded = codec.decode_columns(fast)
-    for got, want in zip(decoded, columns):
+    for got, want in zip(decoded, columns, strict=True):
         assert got.dtype == want.dtype and got.tobytes() == want.tobytes()
 
 
@@ -297,9 +301,9 @@ def test_fixed_layout_matches_per_record_encoding_nested() -> None:
     for i, value in enumerate(fast):
         assert value == codec.encode([column[i] for column in columns])
         # And each record decodes per record, too.
-        for got, column in zip(codec.decode(value), columns):
+        for got, column in zip(codec.decode(value), columns, strict=True):
             assert np.asarray(got).tobytes() == column[i].tobytes()
-    for got, want in zip(codec.decode_columns([memoryview(v) for v in fast]), columns):
+    for got, want in zip(codec.decode_columns([memoryview(v) for v in fast]), columns, strict=True):
         assert got.shape == want.shape and got.tobytes() == want.tobytes()
 
 
@@ -392,7 +396,9 @@ msgpack_values = st.recursive(
     | st.text(max_size=8)
     | st.binary(max_size=16)
     | st.sampled_from(["float32", "int64", "string", "uint8", "int16", "bool"]),
-    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=3), children, max_size=3),
+    lambda children: (
+        st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=3), children, max_size=3)
+    ),
     max_leaves=12,
 )
 
@@ -400,7 +406,9 @@ msgpack_values = st.recursive(
 @pytest.mark.parametrize("spec_index", range(len(SPECS_FOR_GARBAGE)))
 @settings(max_examples=150, deadline=None)
 @given(payload=msgpack_values)
-def test_well_formed_msgpack_of_the_wrong_shape_gives_corrupt_cache_error(spec_index: int, payload: Any) -> None:
+def test_well_formed_msgpack_of_the_wrong_shape_gives_corrupt_cache_error(
+    spec_index: int, payload: Any
+) -> None:
     decode_or_corrupt(RecordCodec(SPECS_FOR_GARBAGE[spec_index]), msgpack.packb(payload, use_bin_type=True))
 
 
@@ -410,7 +418,9 @@ def test_well_formed_msgpack_of_the_wrong_shape_gives_corrupt_cache_error(spec_i
     shape=st.lists(st.integers(min_value=-3, max_value=3), max_size=3),
     count=st.integers(min_value=0, max_value=4),
 )
-def test_records_with_bad_shapes_give_corrupt_cache_error(spec_index: int, shape: list[int], count: int) -> None:
+def test_records_with_bad_shapes_give_corrupt_cache_error(
+    spec_index: int, shape: list[int], count: int
+) -> None:
     from yogacache.codec import spec_leaves
 
     spec = SPECS_FOR_GARBAGE[spec_index]

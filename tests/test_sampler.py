@@ -190,7 +190,9 @@ def test_resume_at_offset_equals_uninterrupted_run_minus_prefix(
     skipped_epochs = k // shard_len
     # The resumed run reads `epochs` iterations from epoch k // len: compare the common part.
     uninterrupted = [
-        x for e in sampler_epochs(n, 0, num_shards, drop, 0, shuffle, skip, seed, epochs + skipped_epochs) for x in e
+        x
+        for e in sampler_epochs(n, 0, num_shards, drop, 0, shuffle, skip, seed, epochs + skipped_epochs)
+        for x in e
     ]
     assert resumed == uninterrupted[k : k + len(resumed)]
     assert len(resumed) == epochs * shard_len - k % shard_len
@@ -380,7 +382,9 @@ def test_stream_len_is_the_shard_length(datarefs: dict[int, CacheDataRef]) -> No
     assert len(ref) == 37
     assert len(ref.stream()) == 37
     assert [len(ref.stream(shard_rank=r, num_shards=4)) for r in range(4)] == [10, 9, 9, 9]
-    assert [len(ref.stream(shard_rank=r, num_shards=4, drop_shard_remainder=True)) for r in range(4)] == [9] * 4
+    assert [len(ref.stream(shard_rank=r, num_shards=4, drop_shard_remainder=True)) for r in range(4)] == [
+        9
+    ] * 4
     # len does not depend on the offset.
     assert len(ref.stream(start_offset=100, shuffle=True, shuffle_seed=1)) == 37
 
@@ -425,7 +429,11 @@ def test_stream_over_empty_dataset_and_empty_shards(datarefs: dict[int, CacheDat
         ({"num_shards": 0}, ValueError, "num_shards"),
         ({"start_offset": -1}, ValueError, "start_offset"),
         ({"shuffle": True}, ValueError, "shuffle_seed"),
-        ({"shuffle": True, "shuffle_seed": None, "skip_shuffle_at_epoch_end": False}, ValueError, "shuffle_seed"),
+        (
+            {"shuffle": True, "shuffle_seed": None, "skip_shuffle_at_epoch_end": False},
+            ValueError,
+            "shuffle_seed",
+        ),
         ({"start_offset": 1.5}, TypeError, "start_offset"),
         ({"num_shards": 2.0}, TypeError, "num_shards"),
         ({"shuffle": True, "shuffle_seed": "7"}, TypeError, "shuffle_seed"),

@@ -139,14 +139,14 @@ def spec_from_json(data: Any) -> Spec:
     try:
         if "tensor" in data:
             shape = data["tensor"]["shape"]
-            return TensorSpec(
-                dtype=str(data["tensor"]["dtype"]),
-                shape=None if shape is None else tuple(None if d is None else int(d) for d in shape),
-            )
+            dims = None if shape is None else tuple(None if d is None else int(d) for d in shape)
+            if dims is not None and any(d is not None and d < 0 for d in dims):
+                raise CorruptCacheError(f"element spec has a negative dimension: {list(dims)}")
+            return TensorSpec(dtype=str(data["tensor"]["dtype"]), shape=dims)
         if "dict" in data:
             return {str(key): spec_from_json(value) for key, value in data["dict"]}
         return tuple(spec_from_json(item) for item in data["tuple"])
-    except (KeyError, TypeError, ValueError) as error:
+    except (KeyError, TypeError, ValueError, UnsupportedDatasetError) as error:
         raise CorruptCacheError(f"element spec in manifest is malformed: {error}") from error
 
 
@@ -239,12 +239,12 @@ class RecordCodec:
             if array.dtype != object:
                 raise UnsupportedDatasetError(f"leaf {index} should hold strings, got {array.dtype}")
             return [STRING, list(array.shape), [_to_bytes(v) for v in array.reshape(-1)]]
+        if array.dtype.byteorder == ">":
+            array = array.astype(array.dtype.newbyteorder("<"))
         if array.dtype != self._dtypes[index]:
             raise UnsupportedDatasetError(
                 f"leaf {index} has dtype {array.dtype.name}, the spec says {leaf.dtype}"
             )
-        if array.dtype.byteorder == ">":
-            array = array.astype(array.dtype.newbyteorder("<"))
         return [leaf.dtype, list(array.shape), np.ascontiguousarray(array).tobytes()]
 
     def encode_columns(self, columns: Sequence[np.ndarray[Any, Any]]) -> list[bytes]:
@@ -304,6 +304,8 @@ class RecordCodec:
             shape = tuple(int(d) for d in shape)
         except (TypeError, ValueError) as error:
             raise CorruptCacheError(f"leaf {index} of a record is malformed") from error
+        if any(d < 0 for d in shape):
+            raise CorruptCacheError(f"leaf {index} of a record has a negative dimension")
         if dtype_name != leaf.dtype or not leaf.accepts(shape):
             raise CorruptCacheError(
                 f"leaf {index} of a record is {dtype_name}{list(shape)}, the spec says "
@@ -333,7 +335,12 @@ class RecordCodec:
         """
         if self.layout is not None:
             return self.layout.decode(values)
-        rows = [self._unpack(bytes(value)) for value in values]
+        try:
+            return self._decode_columns_slow([self._unpack(bytes(value)) for value in values])
+        except (KeyError, IndexError, TypeError, ValueError) as error:
+            raise CorruptCacheError(f"a record does not match the manifest's element spec: {error}") from error
+
+    def _decode_columns_slow(self, rows: list[list[Any]]) -> list[np.ndarray[Any, Any]]:
         count = len(rows)
         columns: list[np.ndarray[Any, Any]] = []
         for index, leaf in enumerate(self.leaves):
@@ -354,12 +361,10 @@ class RecordCodec:
                 columns.append(column)
                 continue
             dtype = self._dtypes[index]
-            try:
-                raw = b"".join(entry[2] for entry in entries)
-            except TypeError as error:
-                raise CorruptCacheError(f"leaf {index} of a record is malformed") from error
-            if len(raw) != count * math.prod(shape) * dtype.itemsize:
+            size = math.prod(shape) * dtype.itemsize
+            if any(not isinstance(entry[2], bytes) or len(entry[2]) != size for entry in entries):
                 raise CorruptCacheError(f"leaf {index} of a record has the wrong number of bytes")
+            raw = b"".join(entry[2] for entry in entries)
             columns.append(np.frombuffer(raw, dtype=dtype).reshape((count, *shape)))
         return columns
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Optional
 
 from yogacache.errors import CorruptCacheError
 from yogacache.manifest import Manifest
@@ -19,7 +19,12 @@ def _file_identity(path: Path) -> list[int]:
     return [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev]
 
 
-def verify_parts(directory: Path, manifest: Manifest, mode: Verify = "full") -> None:
+def verify_parts(
+    directory: Path,
+    manifest: Manifest,
+    mode: Verify = "full",
+    opened: Optional[dict[str, Path]] = None,
+) -> None:
     """Raises CorruptCacheError unless every part has its manifest size (and hash).
 
     ``size`` checks sizes only; ``full`` re-hashes every part; ``auto`` re-hashes the parts
@@ -34,14 +39,15 @@ def verify_parts(directory: Path, manifest: Manifest, mode: Verify = "full") -> 
             stamp = {}
     new_stamp: dict[str, Any] = {}
     for part in manifest.parts:
-        path = directory / part.name
+        shown = directory / part.name  # what messages name
+        path = (opened or {}).get(part.name, shown)
         try:
             identity = _file_identity(path)
         except FileNotFoundError as error:
-            raise CorruptCacheError(f"cache part {path} is missing") from error
+            raise CorruptCacheError(f"cache part {shown} is missing") from error
         if identity[0] != part.size_bytes:
             raise CorruptCacheError(
-                f"cache part {path} is {identity[0]} bytes, the manifest says {part.size_bytes} "
+                f"cache part {shown} is {identity[0]} bytes, the manifest says {part.size_bytes} "
                 "(truncated or replaced); remove the cache and rebuild it"
             )
         if mode == "size":
@@ -52,7 +58,7 @@ def verify_parts(directory: Path, manifest: Manifest, mode: Verify = "full") -> 
         digest = sha256_file(path)
         if digest != part.sha256:
             raise CorruptCacheError(
-                f"cache part {path} does not match its manifest hash (altered or damaged); "
+                f"cache part {shown} does not match its manifest hash (altered or damaged); "
                 "remove the cache and rebuild it"
             )
         new_stamp[part.name] = [part.sha256, *identity]

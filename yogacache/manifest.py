@@ -9,7 +9,12 @@ from pathlib import Path
 from typing import Any
 
 from yogacache.codec import Spec, spec_from_json, spec_to_json
-from yogacache.errors import CacheNotFoundError, CorruptCacheError, IncompatibleCacheError
+from yogacache.errors import (
+    CacheNotFoundError,
+    CorruptCacheError,
+    IncompatibleCacheError,
+    YogaCacheError,
+)
 
 FORMAT_NAME = "yogacache"
 FORMAT_VERSION = 1
@@ -82,7 +87,7 @@ class Manifest:
         """Parses a manifest; ``where`` names its location in error messages."""
         try:
             raw = json.loads(data.decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as error:
             raise CorruptCacheError(f"manifest {where} is not valid JSON: {error}") from error
         if not isinstance(raw, dict) or raw.get("format") != FORMAT_NAME:
             raise CorruptCacheError(f"manifest {where} is not a yogacache manifest")
@@ -119,7 +124,7 @@ class Manifest:
                 format_version=version,
                 extra=dict(raw.get("extra") or {}),
             )
-        except (KeyError, TypeError, ValueError) as error:
+        except (KeyError, TypeError, ValueError, RecursionError, YogaCacheError) as error:
             raise CorruptCacheError(f"manifest {where} is missing or has a bad field: {error}") from error
         manifest.check_consistent(where)
         return manifest

@@ -25,6 +25,7 @@ from yogacache.manifest import Manifest, PartInfo
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+_PROC_FDS = Path("/proc/self/fd")
 
 # LMDB refuses to open one file twice in a process, and an environment must never cross
 # fork(): readers of the same part share one environment per process, keyed by file identity.
@@ -64,11 +65,43 @@ class CacheReader:
     ) -> None:
         self.directory = Path(directory)
         self.manifest = manifest or Manifest.load(self.directory)
-        verify_parts(self.directory, self.manifest, verify)
+        # Hold each part open: if the cache is replaced later (a rebuild, a sync), this
+        # reader keeps reading the files it verified, never the new build's.
+        self._fds: dict[str, int] = {}
+        self._fds_pid = os.getpid()
+        try:
+            for part in self.manifest.parts:
+                path = self.directory / part.name
+                try:
+                    self._fds[part.name] = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+                except FileNotFoundError:
+                    raise CorruptCacheError(f"cache part {path} is missing") from None
+            verify_parts(self.directory, self.manifest, verify, opened=self._part_paths())
+        except BaseException:
+            self._close_fds()
+            raise
         self.codec = RecordCodec(self.manifest.element_spec)
         self._starts = np.array([p.first_record for p in self.manifest.parts], dtype=np.int64)
         self._envs: list[Any] = []
         self._pid = -1
+
+    def _part_paths(self) -> dict[str, Path]:
+        """Paths that reach the held files (through /proc), where the platform has them."""
+        if not self._fds or not _PROC_FDS.is_dir():
+            return {}
+        return {name: _PROC_FDS / str(fd) for name, fd in self._fds.items()}
+
+    def _close_fds(self) -> None:
+        if self._fds_pid == os.getpid():
+            for fd in self._fds.values():
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+        self._fds = {}
+
+    def __del__(self) -> None:
+        self._close_fds()
 
     def __len__(self) -> int:
         return self.manifest.num_records
@@ -85,12 +118,15 @@ class CacheReader:
         return self._envs
 
     def _open_part(self, part: PartInfo) -> Any:
-        path = self.directory / part.name
+        # Forked children inherit the held descriptors; spawned ones reopen by name.
+        shown = self.directory / part.name
+        path = self._part_paths().get(part.name, shown)
         try:
             env = shared_environment(path)
             entries = env.stat()["entries"]
         except (lmdb.Error, OSError) as error:
-            raise CorruptCacheError(f"cache part {path} cannot be opened by LMDB: {error}") from error
+            raise CorruptCacheError(f"cache part {shown} cannot be opened by LMDB: {error}") from error
+        path = shown
         if entries != part.num_records:
             raise CorruptCacheError(
                 f"cache part {path} holds {entries} records, the manifest says {part.num_records}"
@@ -161,4 +197,5 @@ class CacheReader:
         state = dict(self.__dict__)
         state["_envs"] = []
         state["_pid"] = -1
+        state["_fds"] = {}
         return state
