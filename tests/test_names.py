@@ -17,8 +17,7 @@ import numpy as np
 import pytest
 
 import yogacache
-from yogacache import cli
-from yogacache import InvalidNameError
+from yogacache import InvalidNameError, cli
 from yogacache.storage import LFSConfigurations, LFSStorage
 from yogacache.store import CacheStore
 

@@ -7,8 +7,8 @@ import re
 from yogacache.errors import InvalidNameError
 
 MAX_NAME_LENGTH = 128
-# Internal names extend a user's version with a suffix such as "_train".
-MAX_INTERNAL_NAME_LENGTH = MAX_NAME_LENGTH + 16
+# DataLayer stores a user's version V as V + "_train" or V + "_val".
+VERSION_SUFFIXES = ("_train", "_val")
 
 _SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]*")
 
@@ -32,3 +32,15 @@ def validate_name(value: object, what: str, max_length: int = MAX_NAME_LENGTH) -
             "starting with a letter or digit (no path separators, no '.' or '..')"
         )
     return value
+
+
+def validate_version(value: object, what: str = "dataset_version") -> str:
+    """Validates a cache version: a safe name of at most 128 characters, optionally
+    followed by one of DataLayer's suffixes (``_train``, ``_val``)."""
+    limit = MAX_NAME_LENGTH
+    if isinstance(value, str):
+        for suffix in VERSION_SUFFIXES:
+            if value.endswith(suffix) and len(value) > len(suffix):
+                limit += len(suffix)
+                break
+    return validate_name(value, what, limit)

@@ -17,7 +17,7 @@ from yogacache.errors import CacheNotFoundError, YogaCacheError
 from yogacache.integrity import Verify, verify_parts
 from yogacache.locks import FileLock
 from yogacache.manifest import MANIFEST_NAME, Manifest
-from yogacache.names import MAX_INTERNAL_NAME_LENGTH, validate_name
+from yogacache.names import validate_name, validate_version
 from yogacache.progress import Progress
 from yogacache.reader import CacheReader
 from yogacache.sources import RecordSource, source_for
@@ -69,7 +69,7 @@ class CacheStore:
     # -- layout ---------------------------------------------------------------------------
     def cache_dir(self, dataset_id: str, dataset_version: str) -> Path:
         validate_name(dataset_id, "dataset_id")
-        validate_name(dataset_version, "dataset_version", MAX_INTERNAL_NAME_LENGTH)
+        validate_version(dataset_version)
         return self.root / dataset_id / dataset_version
 
     def lock_path(self, dataset_id: str, dataset_version: str) -> Path:

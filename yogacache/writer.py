@@ -223,12 +223,30 @@ class CacheWriter:
             except lmdb.Error as error:
                 raise BuildError(
                     f"writing {self.dataset_id}:{self.dataset_version} to {self.directory} "
-                    f"failed: {error}; nothing was cached"
+                    f"failed: {self._explain(error)}; nothing was cached"
                 ) from error
         self._written += len(pending)
         self._part_bytes += size
         if self._part_bytes >= self.part_size_bytes:
             self._close_part()
+
+    def _explain(self, error: BaseException) -> str:
+        """LMDB reports a short write as EIO: say when the disk or the file-size limit is the cause."""
+        import resource
+
+        causes = []
+        try:
+            free = shutil.disk_usage(self.directory).free
+        except OSError:
+            free = None
+        if free is not None and free < 64 << 20:
+            causes.append(f"No space left on device ({free} bytes free under {self.target.parent})")
+        limit, _ = resource.getrlimit(resource.RLIMIT_FSIZE)
+        if limit != resource.RLIM_INFINITY:
+            largest = max((p.stat().st_size for p in self.directory.glob("*.mdb")), default=0)
+            if largest + (64 << 20) >= limit:
+                causes.append(f"File too large (the process's file size limit is {limit} bytes)")
+        return f"{'; '.join(causes)} ({error})" if causes else str(error)
 
     def _join_thread(self) -> None:
         if self._thread is not None:
@@ -253,7 +271,10 @@ class CacheWriter:
             env.sync(True)
             entries = env.stat()["entries"]
         except lmdb.Error as error:
-            raise BuildError(f"syncing {self.directory} failed: {error}; nothing was cached") from error
+            raise BuildError(
+                f"syncing {self.dataset_id}:{self.dataset_version} in {self.directory} failed: "
+                f"{self._explain(error)}; nothing was cached"
+            ) from error
         finally:
             env.close()
         path = self.directory / part_name(len(self._parts))
