@@ -9,6 +9,7 @@ yields lists, ints, strings and bytes, and every leaf is checked against the spe
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Any, Iterable, Iterator, Mapping, Sequence, Union
@@ -19,6 +20,9 @@ import numpy as np
 from yogacache.errors import CorruptCacheError, UnsupportedDatasetError
 
 STRING = "string"
+# Records at least this large are decoded row by row into their columns (one copy); smaller
+# ones are joined and sliced column-wise (fewer Python operations).
+_ROW_COPY_BYTES = 16 << 10
 _NUMERIC_DTYPES = frozenset(
     [
         "bool",
@@ -424,6 +428,8 @@ class FixedLayout:
         return [raw[i : i + step] for i in range(0, len(raw), step)]
 
     def decode(self, values: Sequence[Any]) -> list[np.ndarray[Any, Any]]:
+        if self.record_size >= _ROW_COPY_BYTES:
+            return self._decode_rows(values)
         count = len(values)
         raw = b"".join(values)
         if len(raw) != count * self.record_size:
@@ -439,6 +445,25 @@ class FixedLayout:
             np.ascontiguousarray(table[:, offset : offset + size]).view(dtype).reshape((count, *shape))
             for offset, size, dtype, shape in self.fields
         ]
+
+    def _decode_rows(self, values: Sequence[Any]) -> list[np.ndarray[Any, Any]]:
+        """Large records: copy each leaf straight from the record into its column (one copy)."""
+        count = len(values)
+        columns = [np.empty((count, *shape), dtype=dtype) for _, _, dtype, shape in self.fields]
+        targets = [column.reshape(count, -1).view(np.uint8) for column in columns]
+        header_index, header_bytes = self._header
+        for row, value in enumerate(values):
+            record = np.frombuffer(value, dtype=np.uint8)
+            if len(record) != self.record_size or not np.array_equal(record[header_index], header_bytes):
+                raise CorruptCacheError("a record does not match the manifest's element spec")
+            for target, (offset, size, _, _) in zip(targets, self.fields):
+                target[row] = record[offset : offset + size]
+        return columns
+
+    @functools.cached_property
+    def _header(self) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
+        index = np.concatenate([np.arange(p.start, p.stop) for p in self.header_slices])
+        return index, self.template[index]
 
 
 def iter_python_elements(elements: Iterable[Any], spec: Spec) -> Iterator[list[Any]]:

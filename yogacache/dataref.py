@@ -175,12 +175,13 @@ class CacheDataRef(DataRef):
 
 
 def _pieces(indices: np.ndarray, chunk: int) -> Iterator[np.ndarray]:
-    """Consecutive slices of ``indices``: a small first one, then ``chunk`` records each."""
+    """Consecutive slices of ``indices``: small at first (the first element comes quickly),
+    doubling up to ``chunk`` records (throughput)."""
     begin, size = 0, min(chunk, FIRST_READ_RECORDS)
     while begin < len(indices):
         yield indices[begin : begin + size]
         begin += size
-        size = chunk
+        size = min(chunk, size * 2)
 
 
 def _chunk_size(reader: CacheReader) -> int:
