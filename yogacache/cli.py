@@ -312,8 +312,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(message)s")
-    if sys.stderr.isatty() or args.verbose:
-        logging.getLogger("yogacache.progress").setLevel(logging.INFO)
+    # Progress: a live line on a terminal, log lines otherwise (CI, pipes).
+    logging.getLogger("yogacache.progress").setLevel(logging.INFO)
     try:
         store = open_store(args.storage, args.endpoint_url, args.local_cache)
         return int(args.run(store, args))

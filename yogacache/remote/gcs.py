@@ -100,21 +100,22 @@ class GCSObjectStore:
     def url(self, key: str = "") -> str:
         return f"gs://{self.bucket_name}/{join_key(self.prefix, key)}"
 
-    def _blob(self, key: str, generation: Optional[int] = None) -> Any:
-        return self._bucket.blob(join_key(self.prefix, key), chunk_size=_CHUNK, generation=generation)
+    def _blob(self, key: str, chunked: bool = True) -> Any:
+        # Small objects go in one request, whose response headers carry the generation.
+        return self._bucket.blob(join_key(self.prefix, key), chunk_size=_CHUNK if chunked else None)
 
     def _run(self, what: str, key: str, call: Any) -> Any:
         return self.retry.run(f"{what} {self.url(key)}", call, _is_transient)
 
     def read(self, key: str) -> Optional[tuple[bytes, str]]:
         def call() -> Optional[tuple[bytes, str]]:
-            blob = self._blob(key)
+            blob = self._blob(key, chunked=False)
             try:
                 data = blob.download_as_bytes(retry=None, timeout=self.timeout)
                 if blob.generation is not None:
                     return data, str(blob.generation)
-                # The server did not say which generation it sent (emulators): pin one and
-                # read exactly that, so that data and token always belong together.
+                # The server did not say which generation it sent: pin one and read exactly
+                # that, so that data and token always belong together.
                 blob.reload(retry=None, timeout=self.timeout)
                 generation = blob.generation
                 data = blob.download_as_bytes(
@@ -134,7 +135,7 @@ class GCSObjectStore:
         match: Optional[int] = 0 if if_absent else (int(if_token) if if_token is not None else None)
 
         def call() -> Optional[str]:
-            blob = self._blob(key)
+            blob = self._blob(key, chunked=False)
             try:
                 blob.upload_from_string(
                     data, if_generation_match=match, retry=None, timeout=self.timeout
@@ -142,9 +143,9 @@ class GCSObjectStore:
             except gexc.PreconditionFailed:
                 return None
             except gexc.NotFound:
-                if match is not None:
-                    return None
-                raise
+                if if_token is not None and not if_absent:
+                    return None  # the version we meant to replace is gone
+                raise RemoteError(f"bucket {self.bucket_name!r} does not exist") from None
             return str(blob.generation)
 
         return self._run("PUT", key, call)

@@ -48,8 +48,8 @@ class RetryPolicy:
         for attempt in range(1, self.attempts + 1):
             try:
                 return call()
-            except RemoteError:
-                raise
+            except (RemoteError, FileNotFoundError):
+                raise  # answers, not failures
             except Exception as error:  # the backend's own exception types
                 if not is_transient(error) or attempt == self.attempts:
                     raise RemoteError(

@@ -133,6 +133,9 @@ class S3ObjectStore:
 
         def call() -> bool:
             try:
+                if if_token is None:
+                    # S3 answers 204 for absent keys too: ask first, so "absent" is reported.
+                    self._client.head_object(Bucket=self.bucket, Key=self._key(key))
                 self._client.delete_object(Bucket=self.bucket, Key=self._key(key), **extra)
             except botocore.exceptions.ClientError as error:
                 if _code(error) in _ABSENT | _PRECONDITION:
