@@ -68,7 +68,8 @@ def describe_error(error: BaseException) -> str:
     if isinstance(response, dict):  # botocore ClientError
         info = response.get("Error", {})
         status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
-        return f"HTTP {status} {info.get('Code', '')}".strip()
+        code = str(info.get("Code", ""))
+        return f"HTTP {status}" if code in ("", str(status)) else f"HTTP {status} {code}"
     code = getattr(error, "code", None)
     if isinstance(code, int):  # google.api_core exceptions
         return f"HTTP {code} {type(error).__name__}"

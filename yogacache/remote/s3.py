@@ -58,7 +58,7 @@ class S3ObjectStore:
         self.prefix = prefix.strip("/")
         self.retry = retry
         config = botocore.config.Config(
-            retries={"max_attempts": 1, "mode": "standard"},  # RetryPolicy retries
+            retries={"total_max_attempts": 1, "mode": "standard"},  # RetryPolicy retries
             connect_timeout=timeout,
             read_timeout=timeout,
             max_pool_connections=max(10, max_concurrency * 2),

@@ -120,7 +120,13 @@ class RemoteCacheStore:
         found = self.objects.read(key)
         if found is None:
             return None
-        return Manifest.from_bytes(found[0], self.objects.url(key))
+        manifest = Manifest.from_bytes(found[0], self.objects.url(key))
+        if (manifest.dataset_id, manifest.dataset_version) != (dataset_id, dataset_version):
+            raise CorruptCacheError(
+                f"{self.objects.url(key)} describes {manifest.dataset_id}:{manifest.dataset_version}, "
+                f"not {dataset_id}:{dataset_version} (swapped or copied); refused"
+            )
+        return manifest
 
     def local_manifest(self, dataset_id: str, dataset_version: str) -> Optional[Manifest]:
         try:
