@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import functools
 import math
+import threading
 from dataclasses import dataclass
-from typing import Any, Iterable, Iterator, Mapping, Sequence, Union
+from typing import Any, Iterable, Iterator, Mapping, Optional, Sequence, Union
 
 import msgpack
 import numpy as np
@@ -407,6 +408,7 @@ class FixedLayout:
             template += bytes(size)
         self.template = np.frombuffer(bytes(template), dtype=np.uint8)
         self.record_size = len(template)
+        self._local = threading.local()
         # Merge adjacent header runs into slices checked on decode.
         self.header_slices = [slice(a, b) for a, b in headers if b > a]
         self.header_slices.insert(0, slice(0, headers[0][0]) if headers else slice(0, 1))
@@ -430,21 +432,38 @@ class FixedLayout:
     def decode(self, values: Sequence[Any]) -> list[np.ndarray[Any, Any]]:
         if self.record_size >= _ROW_COPY_BYTES:
             return self._decode_rows(values)
-        count = len(values)
-        raw = b"".join(values)
-        if len(raw) != count * self.record_size:
+        count, size = len(values), self.record_size
+        # Gather the records into a per-thread staging table that is reused from batch to
+        # batch (fresh memory costs a page fault per 4 KiB), then copy each leaf's column out.
+        staging = self._staging(count * size)
+        view = memoryview(staging)
+        end = 0
+        try:
+            for value in values:
+                view[end : end + size] = value
+                end += size
+        except (ValueError, TypeError):
             raise CorruptCacheError(
-                f"records have {len(raw)} bytes in all, expected {count} x {self.record_size}"
-            )
-        table = np.frombuffer(raw, dtype=np.uint8).reshape(count, self.record_size)
+                f"a record is not {size} bytes long, as the manifest's element spec says"
+            ) from None
+        table = staging[: count * size].reshape(count, size)
         for part in self.header_slices:
             expected = np.broadcast_to(self.template[part], (count, part.stop - part.start))
             if not np.array_equal(table[:, part], expected):
                 raise CorruptCacheError("a record does not match the manifest's element spec")
-        return [
-            np.ascontiguousarray(table[:, offset : offset + size]).view(dtype).reshape((count, *shape))
-            for offset, size, dtype, shape in self.fields
-        ]
+        columns = []
+        for offset, length, dtype, shape in self.fields:
+            column = np.empty((count, *shape), dtype=dtype)
+            column.reshape(count, -1).view(np.uint8)[...] = table[:, offset : offset + length]
+            columns.append(column)
+        return columns
+
+    def _staging(self, size: int) -> np.ndarray[Any, Any]:
+        buffer: Optional[np.ndarray[Any, Any]] = getattr(self._local, "staging", None)
+        if buffer is None or len(buffer) < size:
+            buffer = np.empty(max(size, 1), dtype=np.uint8)
+            self._local.staging = buffer
+        return buffer
 
     def _decode_rows(self, values: Sequence[Any]) -> list[np.ndarray[Any, Any]]:
         """Large records: copy each leaf straight from the record into its column (one copy)."""

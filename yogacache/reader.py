@@ -39,7 +39,11 @@ def shared_environment(path: Path) -> Any:
     global _open_environments, _open_environments_pid
     with _open_environments_lock:
         if _open_environments_pid != os.getpid():
-            # Inherited across fork(): forget (never close) the parent's environments.
+            # Inherited across fork(): never use the parent's environments. py-lmdb remembers
+            # every open file process-wide (fork included) and refuses to open it again, so
+            # close this process's copies (read-only, lock-free: the parent's stay untouched).
+            for inherited in list(_open_environments.values()):
+                inherited.close()
             _open_environments = weakref.WeakValueDictionary()
             _open_environments_pid = os.getpid()
         st = os.stat(path)
@@ -157,17 +161,17 @@ class CacheReader:
         return consume(values)
 
     def _read_part(self, env: Any, indices: np.ndarray, consume: Callable[[list[Any]], T]) -> T:
-        raw = indices.astype(">u8").tobytes()
-        keys = [raw[i : i + 8] for i in range(0, len(raw), 8)]
+        keys = indices.astype(">u8").view("V8").tolist()  # 8-byte big-endian keys, as bytes
         try:
             with env.begin(buffers=True) as txn:
-                found = txn.cursor().getmulti(keys)
-                if len(found) != len(keys):
+                get = txn.get
+                values = [get(key) for key in keys]
+                if None in values:
                     raise CorruptCacheError(
                         f"cache {self.directory} is missing records its manifest lists"
                     )
                 # Buffers point into the map and die with the transaction: consume them here.
-                return consume([value for _, value in found])
+                return consume(values)
         except lmdb.Error as error:
             raise CorruptCacheError(f"reading {self.directory} failed: {error}") from error
 
@@ -198,4 +202,9 @@ class CacheReader:
         state["_envs"] = []
         state["_pid"] = -1
         state["_fds"] = {}
+        del state["codec"]  # holds a msgpack Packer, which does not pickle: rebuilt on arrival
         return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self.codec = RecordCodec(self.manifest.element_spec)
