@@ -436,7 +436,7 @@ class FixedLayout:
         # Gather the records into a per-thread staging table that is reused from batch to
         # batch (fresh memory costs a page fault per 4 KiB), then copy each leaf's column out.
         staging = self._staging(count * size)
-        view = memoryview(staging)
+        view = staging.data  # a writable memoryview of the staging table
         end = 0
         try:
             for value in values:

@@ -68,8 +68,8 @@ def describe_error(error: BaseException) -> str:
     if isinstance(response, dict):  # botocore ClientError
         info = response.get("Error", {})
         status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
-        code = str(info.get("Code", ""))
-        return f"HTTP {status}" if code in ("", str(status)) else f"HTTP {status} {code}"
+        error_code = str(info.get("Code", ""))
+        return f"HTTP {status}" if error_code in ("", str(status)) else f"HTTP {status} {error_code}"
     code = getattr(error, "code", None)
     if isinstance(code, int):  # google.api_core exceptions
         return f"HTTP {code} {type(error).__name__}"
