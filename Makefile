@@ -15,7 +15,7 @@ $(VENV)/.installed: $(VENV)/bin/python setup.cfg pyproject.toml
 	touch $@
 
 $(VENV)/.installed-dev: $(VENV)/.installed
-	$(PIP) install -q -e '.[all,dev]'
+	$(PIP) install -q -e '.[all,dev]' 'torch==2.13.0'
 	# The reference implementation the sampler's order is checked against (pure-Python parts only).
 	$(PIP) install -q --no-deps 'yogadl==0.1.4'
 	touch $@

@@ -332,7 +332,7 @@ def test_fixed_layout_detects_every_altered_header_byte() -> None:
 
 def test_fixed_layout_detects_wrong_record_length() -> None:
     codec = RecordCodec(FIXED_SPEC)
-    records = codec.encode_columns(fixed_batch(3))
+    records = [bytes(r) for r in codec.encode_columns(fixed_batch(3))]
     with pytest.raises(CorruptCacheError):
         codec.decode_columns([records[0], records[1][:-1], records[2]])
     with pytest.raises(CorruptCacheError):

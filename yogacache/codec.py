@@ -414,20 +414,37 @@ class FixedLayout:
         self.header_slices.insert(0, slice(0, headers[0][0]) if headers else slice(0, 1))
 
     def encode(self, columns: Sequence[Any]) -> list[bytes] | None:
-        """The records of a batch, or None if a column does not match (the caller falls back)."""
+        """The records of a batch given as columns, or None if a column does not match (the
+        caller falls back). Records are memoryviews into one table: no per-record copy."""
         count = len(columns[0]) if len(columns) else 0
-        buffer = np.empty((count, self.record_size), dtype=np.uint8)
-        buffer[:] = self.template
+        table = self._table(count)
         for column, (offset, size, dtype, shape) in zip(columns, self.fields):
             column = np.asarray(column)
             if column.dtype != dtype or column.shape != (count, *shape):
                 return None
-            if column.dtype.byteorder == ">":  # pragma: no cover - big-endian input
-                column = column.astype(dtype.newbyteorder("<"))
-            buffer[:, offset : offset + size] = np.ascontiguousarray(column).view(np.uint8).reshape(count, size)
-        raw = buffer.tobytes()
+            table[:, offset : offset + size] = np.ascontiguousarray(column).view(np.uint8).reshape(count, size)
+        return self._records(table)
+
+    def encode_rows(self, rows: Sequence[Sequence[Any]]) -> list[bytes] | None:
+        """The records of a batch given as flat leaf lists, or None if a leaf does not match."""
+        table = self._table(len(rows))
+        for index, row in enumerate(rows):
+            for value, (offset, size, dtype, shape) in zip(row, self.fields):
+                array = np.asarray(value)
+                if array.dtype != dtype or array.shape != shape:
+                    return None
+                table[index, offset : offset + size] = np.ascontiguousarray(array).reshape(-1).view(np.uint8)
+        return self._records(table)
+
+    def _table(self, count: int) -> np.ndarray[Any, Any]:
+        table = np.empty((count, self.record_size), dtype=np.uint8)
+        table[:] = self.template
+        return table
+
+    def _records(self, table: np.ndarray[Any, Any]) -> list[Any]:
+        view = table.data.cast("B")
         step = self.record_size
-        return [raw[i : i + step] for i in range(0, len(raw), step)]
+        return [view[i : i + step] for i in range(0, len(view), step)]
 
     def decode(self, values: Sequence[Any]) -> list[np.ndarray[Any, Any]]:
         if self.record_size >= _ROW_COPY_BYTES:

@@ -5,16 +5,19 @@ from __future__ import annotations
 import functools
 from typing import Any, Callable, Mapping, Optional, Union
 
+from yogacache import launcher
 from yogacache.config import SharedFSConfig, StorageConfig, parse_config
-from yogacache.dataref import CacheDataRef, Stream
+from yogacache.dataref import CacheDataRef
 from yogacache.integrity import Verify
 from yogacache.names import validate_name
 from yogacache.sampler import _as_int
+from yogacache.schedule import SHARD, ResumeState
 from yogacache.store import CacheStore, default_cache_root
 from yogacache.writer import BuildLimits
 
 TRAIN_SUFFIX = "_train"
 VALIDATION_SUFFIX = "_val"
+RETURNS = ("tf", "torch", "stream")
 
 
 class DataLayer:
@@ -23,10 +26,14 @@ class DataLayer:
     Args:
         config: a ``data_layer`` dict (Determined's schema), a parsed config, or ``None`` for
             the local default under the user's cache directory.
-        rank: this process's shard index.
-        num_shards: how many processes share the data.
+        rank: this process's shard index; by default the launcher's (``yogacache.launcher``:
+            torchrun/torch.distributed, Horovod, or the ``tf.distribute.InputContext`` the
+            decorated function is called with), else 0.
+        num_shards: how many processes share the data; by default the launcher's, else 1.
         seed: the trial seed; every shuffled epoch derives its order from it.
         offset: records of this shard already consumed (resume mid-epoch).
+        resume_state: instead of ``offset``, a state from ``Stream.state_dict`` or the torch
+            dataset's ``state_dict`` (in global shuffle mode valid with any number of ranks).
         max_records, max_bytes: limits for one build (unknown-cardinality datasets stop there).
     """
 
@@ -34,26 +41,28 @@ class DataLayer:
         self,
         config: Union[Mapping[str, Any], StorageConfig, None] = None,
         *,
-        rank: int = 0,
-        num_shards: int = 1,
+        rank: Optional[int] = None,
+        num_shards: Optional[int] = None,
         seed: int = 0,
         offset: int = 0,
+        resume_state: Optional[Mapping[str, Any]] = None,
         max_records: Optional[int] = None,
         max_bytes: Optional[int] = None,
         verify: Verify = "auto",
         show_progress: bool = True,
     ) -> None:
         self.config = parse_config(config)
-        self.num_shards = _as_int(num_shards, "num_shards")
-        self.rank = _as_int(rank, "rank")
-        if self.num_shards < 1:
-            raise ValueError(f"num_shards must be at least 1, got {self.num_shards}")
-        if not 0 <= self.rank < self.num_shards:
-            raise ValueError(f"rank must be in [0, {self.num_shards}), got {self.rank}")
+        self._explicit_rank = rank
+        self._explicit_num_shards = num_shards
+        found = launcher.resolve(rank, num_shards)
+        self.rank, self.num_shards, self.rank_source = found.rank, found.num_shards, found.source
         self.seed = _as_int(seed, "seed")
         self.offset = _as_int(offset, "offset")
         if self.offset < 0:
             raise ValueError(f"offset must not be negative, got {self.offset}")
+        self.resume_state = None if resume_state is None else ResumeState.from_dict(resume_state).to_dict()
+        if self.resume_state is not None and self.offset:
+            raise ValueError("pass either offset or resume_state, not both")
         self.store = make_store(
             self.config,
             verify=verify,
@@ -76,23 +85,51 @@ class DataLayer:
         """The cache of (dataset_id, dataset_version), built from ``make_data()`` on a miss."""
         return CacheDataRef(self.store.get_or_build(dataset_id, dataset_version, make_data))
 
+    def rank_for(self, input_context: Any = None) -> launcher.RankInfo:
+        """This process's rank and shard count; an InputContext fills in what was not explicit."""
+        if input_context is None:
+            return launcher.RankInfo(self.rank, self.num_shards, source=self.rank_source)
+        return launcher.resolve(self._explicit_rank, self._explicit_num_shards, input_context)
+
     def _decorate(
         self,
         dataset_id: str,
         dataset_version: str,
         suffix: str,
-        stream_args: Callable[[], dict[str, Any]],
-        adapter: Callable[[Stream], Any],
+        stream_args: Callable[[launcher.RankInfo], dict[str, Any]],
+        returns: str,
     ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
         validate_name(dataset_id, "dataset_id")
         validate_name(dataset_version, "dataset_version")
+        if returns not in RETURNS:
+            raise ValueError(f"returns must be one of {RETURNS}, got {returns!r}")
         version = dataset_version + suffix
 
         def decorator(make_dataset: Callable[..., Any]) -> Callable[..., Any]:
             @functools.wraps(make_dataset)
             def cached(*args: Any, **kwargs: Any) -> Any:
                 ref = self.dataref(dataset_id, version, lambda: make_dataset(*args, **kwargs))
-                return adapter(ref.stream(**stream_args()))
+                contexts = [a for a in (*args, *kwargs.values()) if launcher.is_input_context(a)]
+                return _ADAPTERS[returns](ref, stream_args(self.rank_for(contexts[0] if contexts else None)))
+
+            return cached
+
+        return decorator
+
+    def cache_dataset(
+        self, dataset_id: str, dataset_version: str
+    ) -> Callable[[Callable[..., Any]], Callable[..., CacheDataRef]]:
+        """Decorates a function returning any dataset (tf.data, a map-style torch dataset, an
+        iterable of nested dicts/tuples of arrays, numbers, strings and bytes); the result
+        returns the cache as a ``CacheDataRef`` (version ``<version>`` as given), to read with
+        ``stream(...)`` or ``yogacache.torch.CacheDataset``/``CacheIterableDataset``."""
+        validate_name(dataset_id, "dataset_id")
+        validate_name(dataset_version, "dataset_version")
+
+        def decorator(make_dataset: Callable[..., Any]) -> Callable[..., CacheDataRef]:
+            @functools.wraps(make_dataset)
+            def cached(*args: Any, **kwargs: Any) -> CacheDataRef:
+                return self.dataref(dataset_id, dataset_version, lambda: make_dataset(*args, **kwargs))
 
             return cached
 
@@ -105,45 +142,57 @@ class DataLayer:
         dataset_version: str,
         shuffle: bool = False,
         skip_shuffle_at_epoch_end: bool = False,
+        *,
+        shuffle_mode: str = SHARD,
+        returns: str = "tf",
     ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-        """Decorates a function returning a tf.data.Dataset; the result returns this rank's
-        cached training shard (version ``<version>_train``, remainder dropped, resumed at
-        ``offset``, shuffled with ``seed``)."""
+        """Decorates a function returning a dataset (tf.data, map-style torch, or any iterable);
+        the result returns this rank's cached training shard (version ``<version>_train``,
+        remainder dropped, resumed at ``offset`` or ``resume_state``, shuffled with ``seed``).
+
+        ``shuffle_mode="global"`` reshuffles the whole dataset across ranks every epoch (a
+        rank's records change from epoch to epoch; resume works with any number of ranks).
+        ``returns`` picks what the decorated function returns: a ``tf.data.Dataset`` ("tf"),
+        a ``yogacache.torch.CacheIterableDataset`` ("torch") or a ``Stream`` ("stream").
+        """
         return self._decorate(
             dataset_id,
             dataset_version,
             TRAIN_SUFFIX,
-            lambda: dict(
+            lambda ranks: dict(
                 start_offset=self.offset,
                 shuffle=shuffle,
                 skip_shuffle_at_epoch_end=skip_shuffle_at_epoch_end,
                 shuffle_seed=self.seed,
-                shard_rank=self.rank,
-                num_shards=self.num_shards,
+                shard_rank=ranks.rank,
+                num_shards=ranks.num_shards,
                 drop_shard_remainder=True,
+                shuffle_mode=shuffle_mode,
+                resume_state=self.resume_state,
             ),
-            _tf_adapter,
+            returns,
         )
 
     def cache_validation_dataset(
-        self, dataset_id: str, dataset_version: str, shuffle: bool = False
+        self, dataset_id: str, dataset_version: str, shuffle: bool = False, *, returns: str = "tf"
     ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-        """Decorates a function returning a tf.data.Dataset; the result returns this rank's
-        cached validation shard (version ``<version>_val``, from the start, same order every epoch)."""
+        """Decorates a function returning a dataset; the result returns this rank's cached
+        validation shard (version ``<version>_val``, from the start, same order every epoch),
+        as ``returns`` says (see ``cache_train_dataset``)."""
         return self._decorate(
             dataset_id,
             dataset_version,
             VALIDATION_SUFFIX,
-            lambda: dict(
+            lambda ranks: dict(
                 start_offset=0,
                 shuffle=shuffle,
                 skip_shuffle_at_epoch_end=True,
                 shuffle_seed=self.seed,
-                shard_rank=self.rank,
-                num_shards=self.num_shards,
+                shard_rank=ranks.rank,
+                num_shards=ranks.num_shards,
                 drop_shard_remainder=False,
             ),
-            _tf_adapter,
+            returns,
         )
 
 
@@ -170,7 +219,20 @@ def make_store(
     )
 
 
-def _tf_adapter(stream: Stream) -> Any:
+def _tf_adapter(ref: CacheDataRef, stream_args: dict[str, Any]) -> Any:
     from yogacache.tensorflow import make_tf_dataset
 
-    return make_tf_dataset(stream)
+    return make_tf_dataset(ref.stream(**stream_args))
+
+
+def _torch_adapter(ref: CacheDataRef, stream_args: dict[str, Any]) -> Any:
+    from yogacache.torch import CacheIterableDataset
+
+    return CacheIterableDataset(ref, **stream_args)
+
+
+_ADAPTERS: dict[str, Callable[[CacheDataRef, dict[str, Any]], Any]] = {
+    "tf": _tf_adapter,
+    "torch": _torch_adapter,
+    "stream": lambda ref, stream_args: ref.stream(**stream_args),
+}

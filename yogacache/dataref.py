@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import abc
 import threading
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Iterator, Mapping, Optional
 
 import numpy as np
 
 from yogacache.codec import Spec
 from yogacache.reader import CacheReader
-from yogacache.sampler import ShardOrder, shard_indices
+from yogacache.schedule import SHARD, EpochPlan, ReadSchedule
 
 # Records per read from LMDB; batches of large records are capped by bytes instead.
 READ_BATCH_RECORDS = 1024
@@ -37,6 +37,7 @@ class Stream:
         element_spec: Optional[Spec] = None,
         batch_iterator_fn: Optional[Callable[[], Iterator[list[np.ndarray]]]] = None,
         uniform_epochs: bool = False,
+        state_fn: Optional[Callable[[int], dict[str, Any]]] = None,
     ) -> None:
         self.iterator_fn = iterator_fn
         self.length = length
@@ -46,6 +47,17 @@ class Stream:
         self._output_shapes = output_shapes
         self.element_spec = element_spec
         self.batch_iterator_fn = batch_iterator_fn
+        self.state_fn = state_fn
+
+    def state_dict(self, records_consumed: int) -> dict[str, Any]:
+        """The resume state after this rank consumed ``records_consumed`` records of the stream.
+
+        Counted from the stream's start, across epochs. Pass it back as ``resume_state`` to
+        ``CacheDataRef.stream`` (in global shuffle mode, with any number of ranks).
+        """
+        if self.state_fn is None:
+            raise TypeError("this stream was not made by yogacache and cannot report a resume state")
+        return self.state_fn(records_consumed)
 
     def __iter__(self) -> Iterator[Any]:
         return self.iterator_fn()
@@ -102,19 +114,19 @@ class DataRef(metaclass=abc.ABCMeta):
 
 
 class _EpochCursor:
-    """Hands out each epoch's record indices in turn, starting at the resume offset."""
+    """Hands out each epoch's plan in turn, starting at the schedule's resume point."""
 
-    def __init__(self, order: ShardOrder, start_offset: int) -> None:
-        self._order = order
-        self._epoch, self._position = order.start(start_offset)
+    def __init__(self, schedule: ReadSchedule) -> None:
+        self._schedule = schedule
+        self._epoch, self._position = schedule.start
         self._lock = threading.Lock()
 
-    def next_epoch(self) -> np.ndarray:
+    def next_epoch(self) -> EpochPlan:
         with self._lock:
             epoch, position = self._epoch, self._position
             self._epoch += 1
             self._position = 0
-        return self._order.epoch(epoch)[position:]
+        return self._schedule.plan(epoch, position)
 
 
 class CacheDataRef(DataRef):
@@ -139,21 +151,30 @@ class CacheDataRef(DataRef):
         shard_rank: int = 0,
         num_shards: int = 1,
         drop_shard_remainder: bool = False,
+        *,
+        shuffle_mode: str = SHARD,
+        resume_state: Optional[Mapping[str, Any]] = None,
     ) -> Stream:
-        shard = shard_indices(len(self.reader), shard_rank, num_shards, drop_shard_remainder)
-        order = ShardOrder(
-            shard,
-            shuffle=bool(shuffle),
-            reshuffle_each_epoch=bool(shuffle) and not skip_shuffle_at_epoch_end,
-            seed=shuffle_seed,
+        """YogaDL's ``stream``, plus ``shuffle_mode="global"`` (each epoch one permutation of the
+        whole dataset dealt out to the ranks, resumable with any number of ranks) and
+        ``resume_state`` (a ``Stream.state_dict`` result, instead of ``start_offset``)."""
+        schedule = self.schedule(
+            start_offset=start_offset,
+            shuffle=shuffle,
+            skip_shuffle_at_epoch_end=skip_shuffle_at_epoch_end,
+            shuffle_seed=shuffle_seed,
+            shard_rank=shard_rank,
+            num_shards=num_shards,
+            drop_shard_remainder=drop_shard_remainder,
+            shuffle_mode=shuffle_mode,
+            resume_state=resume_state,
         )
-        cursor = _EpochCursor(order, start_offset)
+        cursor = _EpochCursor(schedule)
         reader = self.reader
         chunk = _chunk_size(reader)
 
         def iterate_elements() -> Iterator[Any]:
-            indices = cursor.next_epoch()
-            for piece in _pieces(indices, chunk):
+            for piece in _pieces(cursor.next_epoch(), chunk):
                 yield from reader.read_elements(piece)
 
         batch_fn = None
@@ -167,19 +188,46 @@ class CacheDataRef(DataRef):
 
         return Stream(
             iterate_elements,
-            len(shard),
+            len(schedule),
             element_spec=reader.spec,
             batch_iterator_fn=batch_fn,
-            uniform_epochs=order.start(start_offset)[1] == 0,
+            uniform_epochs=schedule.start[1] == 0,
+            state_fn=lambda records: schedule.state(schedule.start, records),
+        )
+
+    def schedule(
+        self,
+        start_offset: int = 0,
+        shuffle: bool = False,
+        skip_shuffle_at_epoch_end: bool = False,
+        shuffle_seed: Optional[int] = None,
+        shard_rank: int = 0,
+        num_shards: int = 1,
+        drop_shard_remainder: bool = False,
+        shuffle_mode: str = SHARD,
+        resume_state: Optional[Mapping[str, Any]] = None,
+    ) -> ReadSchedule:
+        """The read schedule that ``stream`` follows for these arguments (the torch adapter's too)."""
+        return ReadSchedule(
+            len(self.reader),
+            shard_rank=shard_rank,
+            num_shards=num_shards,
+            drop_remainder=drop_shard_remainder,
+            shuffle=bool(shuffle),
+            reshuffle_each_epoch=bool(shuffle) and not skip_shuffle_at_epoch_end,
+            seed=shuffle_seed,
+            shuffle_mode=shuffle_mode,
+            start_offset=start_offset,
+            resume_state=resume_state,
         )
 
 
-def _pieces(indices: np.ndarray, chunk: int) -> Iterator[np.ndarray]:
-    """Consecutive slices of ``indices``: small at first (the first element comes quickly),
+def _pieces(plan: EpochPlan, chunk: int) -> Iterator[np.ndarray]:
+    """Consecutive slices of ``plan``: small at first (the first element comes quickly),
     doubling up to ``chunk`` records (throughput)."""
     begin, size = 0, min(chunk, FIRST_READ_RECORDS)
-    while begin < len(indices):
-        yield indices[begin : begin + size]
+    while begin < len(plan):
+        yield plan.indices(begin, begin + size)
         begin += size
         size = min(chunk, size * 2)
 

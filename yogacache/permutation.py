@@ -23,7 +23,11 @@ from typing import Any
 
 import numpy as np
 
-ROUNDS = 6  # even, so the digits end in the bases they started in
+# Rounds of the network (even, so the digits end in the bases they started in). Small domains
+# have few possible round functions and need more rounds to look uniformly shuffled.
+ROUNDS = 8
+SMALL_DOMAIN_ROUNDS = 24
+SMALL_DOMAIN = 1 << 12
 _MIX_1 = np.uint64(0xBF58476D1CE4E5B9)
 _MIX_2 = np.uint64(0x94D049BB133111EB)
 _SHIFT_30, _SHIFT_27, _SHIFT_31 = np.uint64(30), np.uint64(27), np.uint64(31)
@@ -64,13 +68,15 @@ class KeyedPermutation:
             raise ValueError(f"size must be in [0, 2**62], got {self.size}")
         high_base = max(1, math.isqrt(max(0, self.size - 1)) + 1)  # ⌈√size⌉
         low_base = max(1, -(-self.size // high_base))
-        digest = hashlib.blake2b(
-            f"yogacache.permutation/v1:{self.seed}:{self.epoch}".encode(), digest_size=8 * ROUNDS
-        ).digest()
+        rounds = ROUNDS if self.size > SMALL_DOMAIN else SMALL_DOMAIN_ROUNDS
         # Per round: the key, the base of the low digit (which moves up) and of the high one.
         self._rounds: list[tuple[np.uint64, np.uint64, np.uint64]] = []
-        for key in np.frombuffer(digest, dtype="<u8"):
-            self._rounds.append((np.uint64(key), np.uint64(low_base), np.uint64(high_base)))
+        for number in range(rounds):
+            digest = hashlib.blake2b(
+                f"yogacache.permutation/v1:{self.seed}:{self.epoch}:{number}".encode(), digest_size=8
+            ).digest()
+            key = np.uint64(int.from_bytes(digest, "little"))
+            self._rounds.append((key, np.uint64(low_base), np.uint64(high_base)))
             high_base, low_base = low_base, high_base
 
     def __len__(self) -> int:

@@ -10,8 +10,6 @@ from __future__ import annotations
 import itertools
 from typing import Any, Iterable, Iterator, Optional, Protocol
 
-import numpy as np
-
 from yogacache.codec import (
     FixedLayout,
     RecordCodec,
@@ -100,15 +98,14 @@ class PythonSource:
 
 
 def _encode_stacked(codec: RecordCodec, spec: Spec, batch: list[Any]) -> Optional[list[bytes]]:
-    """Encodes a batch of same-shaped numeric elements column-wise; None if they differ."""
-    try:
-        rows = [flatten(element, spec) for element in batch]
-        columns = [np.stack([np.asarray(row[i]) for row in rows]) for i in range(len(codec.leaves))]
-    except (UnsupportedDatasetError, ValueError, TypeError):
-        return None
+    """Encodes a batch of same-shaped numeric elements straight into records; None if they differ."""
     if codec.layout is None:
         return None
-    return codec.layout.encode(columns)
+    try:
+        rows = [flatten(element, spec) for element in batch]
+    except UnsupportedDatasetError:
+        return None
+    return codec.layout.encode_rows(rows)
 
 
 def _chunks(iterable: Iterable[Any], size: int) -> Iterator[list[Any]]:
@@ -123,14 +120,25 @@ def is_tensorflow_dataset(data: Any) -> bool:
     )
 
 
+def is_torch_iterable_dataset(data: Any) -> bool:
+    """A torch IterableDataset inherits a ``__getitem__`` that raises: it must be iterated."""
+    return any(
+        cls.__name__ == "IterableDataset" and cls.__module__.startswith("torch.utils.data")
+        for cls in type(data).__mro__
+    )
+
+
 def source_for(data: Any) -> RecordSource:
     """The source that builds a cache from ``data`` (a tf.data.Dataset or an iterable)."""
     if is_tensorflow_dataset(data):
         from yogacache.tensorflow import TFDatasetSource
 
         return TFDatasetSource(data)
-    if hasattr(data, "__getitem__") and hasattr(data, "__len__") and not isinstance(
-        data, (list, tuple)
+    if (
+        hasattr(data, "__getitem__")
+        and hasattr(data, "__len__")
+        and not isinstance(data, (list, tuple))
+        and not is_torch_iterable_dataset(data)
     ):
         # A map-style dataset (e.g. torch.utils.data.Dataset): index it in order.
         length = len(data)

@@ -1,0 +1,394 @@
+"""PyTorch adapter: a cache as a map-style or an iterable ``torch.utils.data`` dataset.
+
+The only module of the package that imports torch (``pip install 'yogacache[torch]'``); it
+never needs TensorFlow. Both datasets hold a ``CacheReader``, which opens LMDB lazily in each
+process: DataLoader workers, forked or spawned, open their own environments.
+
+- ``CacheDataset``: map-style, ``len()`` records, ``ds[i]`` the i-th record, for any sampler
+  (``DistributedSampler`` included). ``__getitems__`` reads a whole batch of indices at once.
+- ``CacheIterableDataset``: this rank's records in the order of ``DataRef.stream`` (YogaDL's
+  shard order, or ``shuffle_mode="global"``), split across DataLoader workers in blocks of
+  ``batch_size`` records so that the loader yields them in exactly that order, with
+  ``set_epoch``, ``state_dict`` and ``load_state_dict`` for exact mid-epoch resume.
+- ``CacheDataLoader``: a DataLoader that counts the records it hands out, so its ``state_dict()``
+  is exact with any number of workers.
+"""
+
+from __future__ import annotations
+
+import copy
+import operator
+import os
+from typing import Any, Callable, Iterator, Mapping, Optional, Sequence, Union
+
+import numpy as np
+
+try:
+    import torch
+    from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_info
+except ImportError as error:  # pragma: no cover - exercised only without torch
+    raise ImportError("yogacache.torch needs PyTorch: pip install 'yogacache[torch]'") from error
+
+from yogacache import launcher
+from yogacache.codec import STRING, Spec, TensorSpec, flatten, spec_leaves, unflatten
+from yogacache.dataref import CacheDataRef, _chunk_size
+from yogacache.reader import CacheReader
+from yogacache.schedule import SHARD, EpochPlan
+
+__all__ = ["CacheDataLoader", "CacheDataset", "CacheIterableDataset", "open_reader"]
+
+OUTPUTS = ("torch", "numpy")
+CacheSource = Union[CacheReader, CacheDataRef, str, "os.PathLike[str]"]
+
+
+def open_reader(source: CacheSource) -> CacheReader:
+    """The reader of a cache given as a CacheReader, a CacheDataRef or a cache directory."""
+    if isinstance(source, CacheReader):
+        return source
+    if isinstance(source, CacheDataRef):
+        return source.reader
+    if isinstance(source, (str, os.PathLike)):
+        return CacheReader(source)  # type: ignore[arg-type]
+    raise TypeError(
+        f"expected a CacheReader, a CacheDataRef or a cache directory, got {type(source).__name__}"
+    )
+
+
+def _check_output(output: str) -> str:
+    if output not in OUTPUTS:
+        raise ValueError(f"output must be one of {OUTPUTS}, got {output!r}")
+    return output
+
+
+# -- leaves to tensors --------------------------------------------------------------------------
+
+
+def _to_torch(value: Any, leaf: TensorSpec) -> Any:
+    """A numeric leaf (array or numpy scalar) as a tensor; string leaves stay bytes (or lists)."""
+    if leaf.dtype == STRING:
+        return value.tolist() if isinstance(value, np.ndarray) else value
+    array = np.asarray(value)
+    if leaf.dtype == "bfloat16":  # numpy has no bfloat16 of its own (ml_dtypes): reinterpret
+        return torch.from_numpy(np.array(array.view(np.uint16))).view(torch.bfloat16)
+    if not array.flags.writeable:
+        array = array.copy()  # never hand torch memory that belongs to a bytes object
+    return torch.from_numpy(array)
+
+
+def _columns_out(columns: Sequence[np.ndarray], leaves: Sequence[TensorSpec], output: str) -> list[Any]:
+    if output == "numpy":
+        return list(columns)
+    return [_to_torch(column, leaf) for column, leaf in zip(columns, leaves)]
+
+
+def _structure_builder(spec: Spec) -> Callable[[Sequence[Any]], Any]:
+    """A function from a record's leaves to its nested structure: ``unflatten`` for one spec,
+    without walking the spec for every record."""
+    if isinstance(spec, TensorSpec):
+        return operator.itemgetter(0)
+    children = _spec_children(spec)
+    if all(isinstance(child, TensorSpec) for _, child in children):
+        if isinstance(spec, dict):
+            keys = [key for key, _ in children]
+            return lambda leaves: dict(zip(keys, leaves))
+        return tuple
+    return lambda leaves: unflatten(leaves, spec)
+
+
+def _spec_children(spec: Spec) -> list[tuple[Any, Spec]]:
+    if isinstance(spec, dict):
+        return [(key, spec[key]) for key in sorted(spec)]
+    assert isinstance(spec, tuple)
+    return list(enumerate(spec))
+
+
+def _rows(columns: Sequence[Any], spec: Spec) -> Iterator[Any]:
+    """The records of a batch given as stacked columns (arrays, tensors or lists)."""
+    build = _structure_builder(spec)
+    per_leaf = [column.unbind(0) if isinstance(column, torch.Tensor) else list(column) for column in columns]
+    for leaves in zip(*per_leaf):
+        yield build(leaves)
+
+
+def _element_out(element: Any, spec: Spec, leaves: Sequence[TensorSpec], output: str) -> Any:
+    if output == "numpy":
+        return element
+    return unflatten([_to_torch(v, leaf) for v, leaf in zip(flatten(element, spec), leaves)], spec)
+
+
+# -- map-style ----------------------------------------------------------------------------------
+
+
+class CacheDataset(Dataset):  # type: ignore[type-arg]
+    """Map-style dataset over a cache: ``len()`` records, ``ds[i]`` the i-th in cache order.
+
+    Args:
+        source: a CacheReader, a CacheDataRef or a cache directory.
+        output: ``"torch"`` (numeric leaves as tensors) or ``"numpy"`` (arrays and numpy
+            scalars); string leaves are ``bytes`` either way.
+    """
+
+    def __init__(self, source: CacheSource, *, output: str = "torch") -> None:
+        self.reader = open_reader(source)
+        self.output = _check_output(output)
+        self._leaves = spec_leaves(self.reader.spec)
+
+    def __len__(self) -> int:
+        return len(self.reader)
+
+    def _index(self, index: Any) -> int:
+        i = operator.index(index)
+        if i < 0:
+            i += len(self.reader)
+        if not 0 <= i < len(self.reader):
+            raise IndexError(f"index {index} is out of range for a dataset of {len(self.reader)} records")
+        return i
+
+    def __getitem__(self, index: int) -> Any:
+        return self.__getitems__([index])[0]
+
+    def __getitems__(self, indices: Sequence[int]) -> list[Any]:
+        """The records at ``indices``, read in one pass (DataLoader calls this per batch)."""
+        positions = np.array([self._index(i) for i in indices], dtype=np.int64)
+        reader, spec = self.reader, self.reader.spec
+        if reader.codec.stackable and len(positions):
+            columns = _columns_out(reader.read_columns(positions), self._leaves, self.output)
+            return list(_rows(columns, spec))
+        return [_element_out(e, spec, self._leaves, self.output) for e in reader.read_elements(positions)]
+
+
+# -- iterable -----------------------------------------------------------------------------------
+
+
+class CacheIterableDataset(IterableDataset):  # type: ignore[type-arg]
+    """This rank's records of a cache, in ``DataRef.stream`` order, split across DataLoader workers.
+
+    The first arguments are ``DataRef.stream``'s; ``shard_rank`` and ``num_shards`` default to
+    the launcher's (``yogacache.launcher``). Iterating reads the current epoch (``set_epoch``, as
+    with ``DistributedSampler``) from the current resume point to its end; iterating again
+    reads the same. Worker ``w`` of ``W`` reads blocks ``w, w+W, …`` of ``batch_size`` records,
+    which is the order a DataLoader with that batch size yields them in.
+
+    Args:
+        batch_size: the DataLoader's batch size (default 1): the unit in which the rank's records
+            are dealt to workers.
+        batched: yield whole batches of ``batch_size`` records (one stacked tensor per leaf, one
+            LMDB read per batch) instead of single records; use ``DataLoader(batch_size=None)``.
+            Needs fixed-shape leaves.
+        drop_last: with ``batched``, drop a last batch smaller than ``batch_size``.
+        output: ``"torch"`` or ``"numpy"``.
+    """
+
+    def __init__(
+        self,
+        source: CacheSource,
+        start_offset: int = 0,
+        shuffle: bool = False,
+        skip_shuffle_at_epoch_end: bool = False,
+        shuffle_seed: Optional[int] = None,
+        shard_rank: Optional[int] = None,
+        num_shards: Optional[int] = None,
+        drop_shard_remainder: bool = False,
+        *,
+        shuffle_mode: str = SHARD,
+        resume_state: Optional[Mapping[str, Any]] = None,
+        batch_size: Optional[int] = None,
+        batched: bool = False,
+        drop_last: bool = False,
+        output: str = "torch",
+    ) -> None:
+        self.reader = open_reader(source)
+        ranks = launcher.resolve(shard_rank, num_shards)
+        self.schedule = CacheDataRef(self.reader).schedule(
+            start_offset=start_offset,
+            shuffle=shuffle,
+            skip_shuffle_at_epoch_end=skip_shuffle_at_epoch_end,
+            shuffle_seed=shuffle_seed,
+            shard_rank=ranks.rank,
+            num_shards=ranks.num_shards,
+            drop_shard_remainder=drop_shard_remainder,
+            shuffle_mode=shuffle_mode,
+            resume_state=resume_state,
+        )
+        if batch_size is not None:
+            batch_size = operator.index(batch_size)
+            if batch_size < 1:
+                raise ValueError(f"batch_size must be at least 1, got {batch_size}")
+        if batched and batch_size is None:
+            raise ValueError("batched=True needs a batch_size")
+        if batched and not self.reader.codec.stackable:
+            raise ValueError(
+                f"batched=True needs fixed-shape leaves, and the cache at {self.reader.directory} has "
+                f"varying shapes ({self.reader.spec}): use batched=False and a collate_fn"
+            )
+        self.batch_size = batch_size
+        self.batched = bool(batched)
+        self.drop_last = bool(drop_last)
+        self.output = _check_output(output)
+        self._leaves = spec_leaves(self.reader.spec)
+        self._epoch, self._position = self.schedule.start
+        self._consumed = 0  # records handed out since the resume point, in the tracking process
+
+    # -- epochs and resume points ---------------------------------------------------------
+    @property
+    def epoch(self) -> int:
+        return self._epoch
+
+    @property
+    def rank(self) -> int:
+        return self.schedule.shard_rank
+
+    @property
+    def num_shards(self) -> int:
+        return self.schedule.num_shards
+
+    def set_epoch(self, epoch: int) -> None:
+        """Reads ``epoch`` next; the resume point stays if it is in that epoch, else it is 0."""
+        epoch = operator.index(epoch)
+        if epoch != self._epoch:
+            self._epoch, self._position = epoch, 0
+            self._consumed = 0
+
+    def state_dict(self, records_consumed: Optional[int] = None) -> dict[str, Any]:
+        """The resume state (a small dict) after this rank consumed ``records_consumed``
+        records since the resume point of the current epoch.
+
+        By default, the records this process handed out: exact when the dataset is iterated
+        in this process (``num_workers=0``) or through ``CacheDataLoader``. With a plain
+        DataLoader and workers, pass the count (e.g. steps × batch size). In global mode, all
+        ranks at the same count give the same state, valid with any number of ranks.
+        """
+        records = self._consumed if records_consumed is None else operator.index(records_consumed)
+        return self.schedule.state((self._epoch, self._position), records)
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Resumes at ``state`` (from ``state_dict``): the next iteration reads the rest of its epoch."""
+        self._epoch, self._position = self.schedule.resume_point(state)
+        self._consumed = 0
+
+    def batch(self, batch_size: int, drop_last: bool = False) -> CacheIterableDataset:
+        """A copy that yields batches of ``batch_size`` records (use ``DataLoader(batch_size=None)``)."""
+        if not self.reader.codec.stackable:
+            raise ValueError("batching inside the dataset needs fixed-shape leaves: use a collate_fn")
+        batch_size = operator.index(batch_size)
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be at least 1, got {batch_size}")
+        batched = copy.copy(self)  # same reader, schedule and resume point
+        batched.batch_size, batched.batched, batched.drop_last = batch_size, True, bool(drop_last)
+        return batched
+
+    # -- reading --------------------------------------------------------------------------
+    def __len__(self) -> int:
+        """Records (or, with ``batched``, batches) one iteration yields on this rank."""
+        records = self.schedule.remaining(self._position)
+        if not self.batched:
+            return records
+        assert self.batch_size is not None
+        return records // self.batch_size if self.drop_last else -(-records // self.batch_size)
+
+    def __iter__(self) -> Iterator[Any]:
+        plan = self.schedule.plan(self._epoch, self._position)
+        info = get_worker_info()
+        worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        self._consumed = 0
+        for records in self._worker_reads(plan, worker, workers):
+            if self.batched:
+                for block in records:
+                    self._consumed += self._count(block)  # counted when handed out
+                    yield block
+            else:
+                for element in records:
+                    self._consumed += 1  # counted when handed out
+                    yield element
+
+    def _count(self, batch: Any) -> int:
+        first = flatten(batch, self.reader.spec)[0]
+        return len(first)
+
+    def _worker_reads(self, plan: EpochPlan, worker: int, workers: int) -> Iterator[Iterator[Any]]:
+        """Per LMDB read, an iterator over what this worker yields from it (records or batches).
+
+        The worker's blocks are grouped so that one read covers at least a chunk of records.
+        """
+        block = self.batch_size or 1
+        total = len(plan)
+        blocks = range(worker, -(-total // block), workers)
+        per_read = max(1, _chunk_size(self.reader) // block)
+        reader, spec, output = self.reader, self.reader.spec, self.output
+        for first in range(0, len(blocks), per_read):
+            group = blocks[first : first + per_read]
+            bounds = [(b * block, min((b + 1) * block, total)) for b in group]
+            if self.batched and self.drop_last:
+                bounds = [(lo, hi) for lo, hi in bounds if hi - lo == block]
+            if not bounds:
+                continue
+            positions = np.concatenate([np.arange(lo, hi, dtype=np.int64) for lo, hi in bounds])
+            indices = plan.take(positions)
+            if reader.codec.stackable:
+                columns = reader.read_columns(indices)
+                if self.batched:
+                    yield self._batches(columns, bounds)
+                else:
+                    yield _rows(_columns_out(columns, self._leaves, output), spec)
+            else:
+                elements = reader.read_elements(indices)
+                yield (_element_out(e, spec, self._leaves, output) for e in elements)
+
+    def _batches(self, columns: list[np.ndarray], bounds: list[tuple[int, int]]) -> Iterator[Any]:
+        offset = 0
+        for lo, hi in bounds:
+            size = hi - lo
+            part = [column[offset : offset + size] for column in columns]
+            offset += size
+            yield unflatten(_columns_out(part, self._leaves, self.output), self.reader.spec)
+
+
+# -- loader -------------------------------------------------------------------------------------
+
+
+class CacheDataLoader(DataLoader):  # type: ignore[type-arg]
+    """A DataLoader over a ``CacheIterableDataset`` whose ``state_dict()`` is exact with workers.
+
+    Workers read ahead, so only the main process knows what training consumed: this loader
+    counts the records it hands out and asks the dataset for the matching resume state. With
+    ``batch_size=B`` and a dataset made without one, the dataset deals records to workers in
+    blocks of B, so the loader yields the rank's records in order.
+    """
+
+    def __init__(self, dataset: CacheIterableDataset, *args: Any, **kwargs: Any) -> None:
+        if not isinstance(dataset, CacheIterableDataset):
+            raise TypeError(f"CacheDataLoader reads a CacheIterableDataset, not {type(dataset).__name__}")
+        if kwargs.get("persistent_workers"):
+            raise ValueError(
+                "persistent_workers=True would keep the workers' copy of the dataset, which does "
+                "not see set_epoch or load_state_dict: leave it off"
+            )
+        super().__init__(dataset, *args, **kwargs)
+        if dataset.batched and self.batch_size is not None:
+            raise ValueError("the dataset already yields batches: pass batch_size=None to the loader")
+        if self.batch_size is not None:
+            if dataset.batch_size is None:
+                dataset.batch_size = self.batch_size
+            elif dataset.batch_size != self.batch_size:
+                raise ValueError(
+                    f"the dataset deals records to workers in blocks of {dataset.batch_size}, the "
+                    f"loader's batch_size is {self.batch_size}: make them equal"
+                )
+
+    def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
+        dataset: CacheIterableDataset = self.dataset  # type: ignore[assignment]
+        # In-process (num_workers=0) the dataset counts what it hands out itself.
+        counting = self.num_workers > 0
+        if counting:
+            dataset._consumed = 0
+        batching = dataset.batched or self.batch_size is not None
+        for batch in super().__iter__():
+            if counting:
+                dataset._consumed += dataset._count(batch) if batching else 1
+            yield batch
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.dataset.state_dict()  # type: ignore[attr-defined,no-any-return]
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.dataset.load_state_dict(state)  # type: ignore[attr-defined]
