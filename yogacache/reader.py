@@ -26,6 +26,8 @@ from yogacache.manifest import Manifest, PartInfo
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 _PROC_FDS = Path("/proc/self/fd")
+# Records this large span several pages: reading ahead beats faulting page by page.
+LARGE_RECORD_BYTES = 32 << 10
 
 # LMDB refuses to open one file twice in a process, and an environment must never cross
 # fork(): readers of the same part share one environment per process, keyed by file identity.
@@ -34,8 +36,12 @@ _open_environments_pid = os.getpid()
 _open_environments_lock = threading.Lock()
 
 
-def shared_environment(path: Path) -> Any:
-    """This process's read-only environment for the sealed part at ``path``."""
+def shared_environment(path: Path, readahead: bool = False) -> Any:
+    """This process's read-only environment for the sealed part at ``path``.
+
+    ``readahead`` suits records that span many pages; without it (MADV_RANDOM) a random read
+    of a small record faults in only the pages it needs.
+    """
     global _open_environments, _open_environments_pid
     with _open_environments_lock:
         if _open_environments_pid != os.getpid():
@@ -55,7 +61,7 @@ def shared_environment(path: Path) -> Any:
                 subdir=False,
                 readonly=True,
                 lock=False,  # sealed files never change
-                readahead=False,
+                readahead=readahead,
                 max_readers=1024,
             )
             _open_environments[key] = env
@@ -85,6 +91,8 @@ class CacheReader:
             self._close_fds()
             raise
         self.codec = RecordCodec(self.manifest.element_spec)
+        average = self.manifest.num_bytes // max(1, self.manifest.num_records)
+        self._large_records = average >= LARGE_RECORD_BYTES
         self._starts = np.array([p.first_record for p in self.manifest.parts], dtype=np.int64)
         self._envs: list[Any] = []
         self._pid = -1
@@ -126,7 +134,7 @@ class CacheReader:
         shown = self.directory / part.name
         path = self._part_paths().get(part.name, shown)
         try:
-            env = shared_environment(path)
+            env = shared_environment(path, readahead=self._large_records)
             entries = env.stat()["entries"]
         except (lmdb.Error, OSError) as error:
             raise CorruptCacheError(f"cache part {shown} cannot be opened by LMDB: {error}") from error

@@ -49,6 +49,7 @@ TRASH_MARK = ".trash-"
 DEFAULT_PART_SIZE = 1 << 30
 _TXN_BYTES = 32 << 20
 _TXN_RECORDS = 8192
+_SYNC_EVERY_BYTES = 128 << 20
 _INITIAL_MAP_SIZE = 1 << 30
 _KEY = struct.Struct(">Q")
 
@@ -102,6 +103,7 @@ class CacheWriter:
         self._env: Any = None
         self._part_first = 0
         self._part_bytes = 0
+        self._unsynced = 0
         self._pending: list[tuple[bytes, bytes]] = []
         self._pending_bytes = 0
         self._closed = False
@@ -177,6 +179,7 @@ class CacheWriter:
         )
         self._part_first = self._written
         self._part_bytes = 0
+        self._unsynced = 0
 
     def _flush(self) -> None:
         """Hands the pending records to the LMDB thread (blocks while it is two batches behind)."""
@@ -227,8 +230,19 @@ class CacheWriter:
                 ) from error
         self._written += len(pending)
         self._part_bytes += size
+        self._unsynced += size
         if self._part_bytes >= self.part_size_bytes:
             self._close_part()
+        elif self._unsynced >= _SYNC_EVERY_BYTES:
+            # Write back while the source keeps producing, so sealing waits for little.
+            try:
+                self._env.sync(True)
+            except lmdb.Error as error:
+                raise BuildError(
+                    f"writing {self.dataset_id}:{self.dataset_version} to {self.directory} "
+                    f"failed: {self._explain(error)}; nothing was cached"
+                ) from error
+            self._unsynced = 0
 
     def _explain(self, error: BaseException) -> str:
         """LMDB reports a short write as EIO: say when the disk or the file-size limit is the cause."""
