@@ -193,7 +193,10 @@ def main() -> None:
                     cfg = storage.S3Configurations(bucket="bench", bucket_directory_path="yogadl",
                         url="ws://127.0.0.1:1", endpoint_url="{endpoint}", local_cache_dir=local)
                     return storage.S3Storage(cfg)
-                os.makedirs("{workdir}/ydl-a"); os.makedirs("{workdir}/ydl-b")
+                os.makedirs("{workdir}/ydl-a")
+                # YogaDL's fetch on a fresh node writes its metadata before creating the
+                # directory: make it, as a YogaDL user would have to.
+                os.makedirs("{workdir}/ydl-b/yogadl_local_cache/images/v1")
                 make("{workdir}/ydl-a").submit(ds, "images", "v1")
                 start = time.perf_counter()
                 make("{workdir}/ydl-b").fetch("images", "v1")
