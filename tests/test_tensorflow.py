@@ -436,3 +436,26 @@ def test_stream_from_a_python_built_fixed_shape_cache_uses_batches(tmp_path: Pat
     second = [int(e[1]) for e in dataset.as_numpy_iterator()]
     assert first == yogadl_order(50, 2, shuffle=True, shuffle_seed=4)[0]
     assert second == yogadl_order(50, 2, shuffle=True, shuffle_seed=4)[1]
+
+
+def test_process_exits_with_a_live_iterator(tmp_path: Path) -> None:
+    """A script that stops after the first batch must exit, not deadlock in TF's teardown."""
+    import subprocess
+    import sys
+
+    script = f"""
+import numpy as np
+from yogacache import storage
+from yogacache.tensorflow import make_tf_dataset
+st = storage.LFSStorage(storage.LFSConfigurations({str(tmp_path)!r}))
+st.submit([(np.full(3000, i % 251, np.uint8), i) for i in range(20000)], "exit", "v1")
+stream = st.fetch("exit", "v1").stream(shuffle=True, shuffle_seed=3)
+iterator = iter(make_tf_dataset(stream).batch(256).prefetch(2))
+first = next(iterator)
+print("first batch", int(first[1].shape[0]), flush=True)
+"""
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "first batch 256" in result.stdout

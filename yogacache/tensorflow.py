@@ -7,10 +7,13 @@ instead of one Python call per record.
 
 from __future__ import annotations
 
+import atexit
 import ctypes
 import math
 import os
 import sys
+import threading
+import time
 from typing import Any, Iterator, Optional
 
 import numpy as np
@@ -163,6 +166,28 @@ def _keep_freed_memory() -> None:
         pass
 
 
+# At interpreter exit, a live iterator's prefetch thread may still be calling our generator
+# while the main thread, holding the GIL, destroys the iterator and waits for that thread: a
+# deadlock. At exit, generators stop first, and the threads get a moment to see it.
+_exiting = threading.Event()
+_generators_started = threading.Event()
+
+
+@atexit.register
+def _stop_generators() -> None:
+    _exiting.set()
+    if _generators_started.is_set():
+        time.sleep(0.2)  # releases the GIL: in-flight generator calls finish and stop
+
+
+def _until_exit(iterator: Iterator[Any]) -> Iterator[Any]:
+    _generators_started.set()
+    for item in iterator:
+        if _exiting.is_set():
+            return
+        yield item
+
+
 def make_tf_dataset(stream: Stream) -> tf.data.Dataset:
     """A ``tf.data.Dataset`` of the stream's elements; each iteration of it is the next epoch."""
     spec = stream.element_spec
@@ -171,14 +196,14 @@ def make_tf_dataset(stream: Stream) -> tf.data.Dataset:
 
         def batches() -> Iterator[Any]:
             _keep_freed_memory()  # runs after from_generator's own malloc settings
-            for columns in batch_fn():
+            for columns in _until_exit(batch_fn()):
                 yield unflatten(columns, spec)
 
         signature = spec_to_tf(spec, "spec", batched=True)
         dataset = tf.data.Dataset.from_generator(batches, output_signature=signature).unbatch()
     elif spec is not None:
         dataset = tf.data.Dataset.from_generator(
-            stream.iterator_fn, output_signature=spec_to_tf(spec, "spec")
+            lambda: _until_exit(stream.iterator_fn()), output_signature=spec_to_tf(spec, "spec")
         )
     else:
         return tf.data.Dataset.from_generator(
