@@ -45,9 +45,7 @@ def make_tf_source(images: Any, labels: Any) -> Any:
     """The tf.data source: ``from_tensor_slices`` over the arrays (converted to tensors once)."""
     import tensorflow as tf
 
-    return tf.data.Dataset.from_tensor_slices(
-        (tf.convert_to_tensor(images), tf.convert_to_tensor(labels))
-    )
+    return tf.data.Dataset.from_tensor_slices((tf.convert_to_tensor(images), tf.convert_to_tensor(labels)))
 
 
 def shard_order(records: int) -> Any:

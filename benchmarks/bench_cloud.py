@@ -36,7 +36,6 @@ sys.path.insert(0, str(REPO))
 
 from yogacache.remote.s3 import S3ObjectStore  # noqa: E402
 from yogacache.remote.sync import RemoteCacheStore  # noqa: E402
-from yogacache.store import CacheStore  # noqa: E402
 
 IMAGE = (184, 184, 3)
 RECORD_BYTES = int(np.prod(IMAGE)) + 8

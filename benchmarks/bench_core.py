@@ -63,9 +63,7 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description="Benchmark yogacache against YogaDL 0.1.4, raw lmdb and tf.data cache/snapshot."
     )
-    parser.add_argument(
-        "--quick", action="store_true", help=f"{_data.QUICK_DIVISOR}x fewer records (smoke run)"
-    )
+    parser.add_argument("--quick", action="store_true", help=f"{_data.QUICK_DIVISOR}x fewer records (smoke run)")
     parser.add_argument("--out", help="also write all results as JSON to this file")
     parser.add_argument(
         "--workdir", help="directory for temporary caches (default: a new temp dir; removed at the end)"
@@ -83,10 +81,34 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
         help="virtualenv for YogaDL 0.1.4, created on first use (default: benchmarks/.venv-yogadl)",
     )
     parser.add_argument(
+        "--reps",
+        type=int,
+        default=None,
+        help="repetitions of each throughput measurement in its process; best reported (default 2, quick 1)",
+    )
+    parser.add_argument(
+        "--read-reps",
+        type=int,
+        default=None,
+        help="warm read passes per library and workload; best and median reported (default 5, quick 2)",
+    )
+    parser.add_argument(
         "--ttfe-reps",
         type=int,
         default=None,
         help="fresh processes per time-to-first-batch measurement; median reported (default 3, quick 1)",
+    )
+    parser.add_argument(
+        "--ttfe-cold",
+        action="store_true",
+        help="time to first batch with the cache evicted from the page cache (default: read into it first)",
+    )
+    parser.add_argument(
+        "--wait-idle",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="before each worker, wait up to SECONDS for other processes to leave the CPUs idle",
     )
     parser.add_argument(
         "--timeout", type=int, default=None, help="per-worker timeout in seconds (default 900, quick 300)"
@@ -97,6 +119,10 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     if unknown:
         parser.error(f"unknown workloads: {', '.join(unknown)}")
     args.workload_list = wanted
+    if args.reps is None:
+        args.reps = 1 if args.quick else 2
+    if args.read_reps is None:
+        args.read_reps = 2 if args.quick else 5
     if args.ttfe_reps is None:
         args.ttfe_reps = 1 if args.quick else 3
     if args.timeout is None:
@@ -125,7 +151,7 @@ def _workloads(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
     for name in ("small", "large"):
         if name in args.workload_list:
             spec = _data.WORKLOADS[name]
-            out[name] = {"records": spec["records"] // div, "shape": list(spec["shape"])}
+            out[name] = {"records": spec["records"] // div, "shape": list(spec["shape"]), "reps": args.reps}
     return out
 
 
@@ -226,6 +252,38 @@ def _tail_error(log_path: str, lines: int = 40) -> str:
 # running workers
 
 
+def _cpu_busy(interval: float = 0.3) -> Optional[float]:
+    """Fraction of all CPUs' time spent busy over ``interval`` (Linux; None elsewhere)."""
+
+    def sample() -> tuple[int, int]:
+        with open("/proc/stat") as f:
+            fields = [int(x) for x in f.readline().split()[1:]]
+        idle = fields[3] + (fields[4] if len(fields) > 4 else 0)
+        return idle, sum(fields[:8])
+
+    try:
+        idle0, total0 = sample()
+        time.sleep(interval)
+        idle1, total1 = sample()
+    except (OSError, ValueError, IndexError):
+        return None
+    total = total1 - total0
+    return None if total <= 0 else 1.0 - (idle1 - idle0) / total
+
+
+BUSY_THRESHOLD = 0.2
+
+
+def _wait_for_idle(ctx: Context) -> Optional[float]:
+    """CPU busy fraction just before a worker starts; waits for quiet when ``--wait-idle``."""
+    deadline = time.monotonic() + max(0.0, ctx.args.wait_idle)
+    busy = _cpu_busy()
+    while busy is not None and busy > BUSY_THRESHOLD and time.monotonic() < deadline:
+        time.sleep(2.0)
+        busy = _cpu_busy()
+    return busy
+
+
 def run_worker(ctx: Context, label: str, python: Optional[str], tasks: list[dict[str, Any]]) -> None:
     """Runs ``tasks`` in one fresh process of ``python``; stores each task's result by key."""
     if not tasks:
@@ -238,7 +296,9 @@ def run_worker(ctx: Context, label: str, python: Optional[str], tasks: list[dict
     os.makedirs(logs, exist_ok=True)
     result_path = os.path.join(logs, f"{label}.json")
     log_path = os.path.join(logs, f"{label}.log")
-    _log(f"{label}: {', '.join(t['key'] for t in tasks)}")
+    busy = _wait_for_idle(ctx)
+    busy_text = "" if busy is None else f" (CPUs {busy:.0%} busy before start)"
+    _log(f"{label}: {', '.join(t['key'] for t in tasks)}{busy_text}")
     t0 = time.perf_counter()
     status = "ok"
     try:
@@ -268,7 +328,16 @@ def run_worker(ctx: Context, label: str, python: Optional[str], tasks: list[dict
         ctx.results[t["key"]] = res
         if not res.get("ok"):
             _log(f"  {t['key']} FAILED: {res.get('error')}")
-    ctx.workers.append({"label": label, "python": python, "wall_seconds": wall, "status": status})
+    ctx.workers.append(
+        {
+            "label": label,
+            "python": python,
+            "wall_seconds": wall,
+            "status": status,
+            "cpu_busy_before": busy,
+            "loadavg_after": os.getloadavg(),
+        }
+    )
     _log(f"{label}: done in {wall:.1f}s")
 
 
@@ -286,11 +355,27 @@ def run_all(ctx: Context) -> None:
     for name, spec in wl.items():
         tasks += [
             {"task": "source_consume", "key": f"source/{name}", **spec},
-            {"task": "tf_cache", "key": f"tf_cache/{name}", "dir": d(name, "tf-cache"), "cleanup": True, **spec},
-            {"task": "tf_snapshot", "key": f"tf_snapshot/{name}", "dir": d(name, "tf-snapshot"),
-             "cleanup": True, **spec},
-            {"task": "lmdb_append", "key": f"lmdb/{name}", "path": d(name, "lmdb", "raw.mdb"),
-             "cleanup": True, **spec},
+            {
+                "task": "tf_cache",
+                "key": f"tf_cache/{name}",
+                "dir": d(name, "tf-cache"),
+                "cleanup": True,
+                **spec,
+            },
+            {
+                "task": "tf_snapshot",
+                "key": f"tf_snapshot/{name}",
+                "dir": d(name, "tf-snapshot"),
+                "cleanup": True,
+                **spec,
+            },
+            {
+                "task": "lmdb_append",
+                "key": f"lmdb/{name}",
+                "path": d(name, "lmdb", "raw.mdb"),
+                "cleanup": True,
+                **spec,
+            },
         ]
     run_worker(ctx, "tfdata-lmdb", main_py, tasks)
 
@@ -299,44 +384,95 @@ def run_all(ctx: Context) -> None:
     memory = "memory" in args.workload_list
     for lib, python in (("yogacache", main_py), ("yogadl", ydl_py)):
         tasks = [
-            {"task": "build_tf", "key": f"build/{lib}/{name}", "lib": lib, "dir": d(name, lib),
-             "dataset_id": name, **spec}
+            {
+                "task": "build_tf",
+                "key": f"build/{lib}/{name}",
+                "lib": lib,
+                "dir": d(name, lib),
+                "dataset_id": name,
+                **spec,
+            }
             for name, spec in wl.items()
         ]
         if lib == "yogacache":
             tasks += [
-                {"task": "build_mem", "key": f"build_mem/{lib}/{name}", "lib": lib,
-                 "dir": d(name, f"{lib}-mem"), "dataset_id": name, "cleanup": True, **spec}
+                {
+                    "task": "build_mem",
+                    "key": f"build_mem/{lib}/{name}",
+                    "lib": lib,
+                    "dir": d(name, f"{lib}-mem"),
+                    "dataset_id": name,
+                    "cleanup": True,
+                    **spec,
+                }
                 for name, spec in wl.items()
             ]
         if memory:
-            tasks.append({"task": "mem_build", "key": f"mem_build/{lib}", "lib": lib,
-                          "dir": d("memory", lib), "dataset_id": "tiny", "records": mem_n})
+            tasks.append(
+                {
+                    "task": "mem_build",
+                    "key": f"mem_build/{lib}",
+                    "lib": lib,
+                    "dir": d("memory", lib),
+                    "dataset_id": "tiny",
+                    "records": mem_n,
+                }
+            )
         run_worker(ctx, f"build-{lib}", python, tasks)
 
     # 3. Shuffled sharded reads (fresh process per library), then reader memory (fresh process).
     for lib, python in (("yogacache", main_py), ("yogadl", ydl_py)):
         tasks = [
-            {"task": "read", "key": f"read/{lib}/{name}", "lib": lib, "dir": d(name, lib),
-             "dataset_id": name, **spec}
+            {
+                "task": "read",
+                "key": f"read/{lib}/{name}",
+                "lib": lib,
+                "dir": d(name, lib),
+                "dataset_id": name,
+                **spec,
+                "reps": args.read_reps,
+            }
             for name, spec in wl.items()
         ]
         run_worker(ctx, f"read-{lib}", python, tasks)
         if memory:
-            run_worker(ctx, f"memory-{lib}", python, [
-                {"task": "mem_read", "key": f"mem_read/{lib}", "lib": lib, "dir": d("memory", lib),
-                 "dataset_id": "tiny", "records": mem_n}
-            ])
+            run_worker(
+                ctx,
+                f"memory-{lib}",
+                python,
+                [
+                    {
+                        "task": "mem_read",
+                        "key": f"mem_read/{lib}",
+                        "lib": lib,
+                        "dir": d("memory", lib),
+                        "dataset_id": "tiny",
+                        "records": mem_n,
+                    }
+                ],
+            )
 
     # 4. Cache-hit time to first batch: one fresh process per measurement, modes interleaved.
     for rep in range(args.ttfe_reps):
         for name, spec in wl.items():
             for mode, python in (("yogacache", main_py), ("yogadl", ydl_py), ("generator", main_py)):
                 dir_ = d(name, mode) if mode != "generator" else d(name)
-                run_worker(ctx, f"ttfe-{mode}-{name}-{rep}", python, [
-                    {"task": "ttfe", "key": f"ttfe/{mode}/{name}/{rep}", "mode": mode, "dir": dir_,
-                     "dataset_id": name, **spec}
-                ])
+                run_worker(
+                    ctx,
+                    f"ttfe-{mode}-{name}-{rep}",
+                    python,
+                    [
+                        {
+                            "task": "ttfe",
+                            "key": f"ttfe/{mode}/{name}/{rep}",
+                            "mode": mode,
+                            "dir": dir_,
+                            "dataset_id": name,
+                            "cold": args.ttfe_cold,
+                            **spec,
+                        }
+                    ],
+                )
     for name in wl:
         for mode in ("yogacache", "yogadl", "generator"):
             runs = [ctx.results.get(f"ttfe/{mode}/{name}/{rep}", {}) for rep in range(args.ttfe_reps)]
@@ -370,6 +506,8 @@ def _get(results: dict[str, Any], key: str, fieldname: str) -> Any:
 def _fmt(value: Any, unit: str) -> str:
     if isinstance(value, Missing):
         why = value.why
+        if why.startswith("YogaDL unavailable"):
+            return "n/a: YogaDL unavailable (see header)"
         return "n/a: " + (why if len(why) <= 70 else why[:67] + "...")
     if unit == "rec/s":
         return f"{value:,.0f} rec/s"
@@ -426,6 +564,10 @@ def _row(
     }
 
 
+def _label(name: str, spec: dict[str, Any]) -> str:
+    return f"{name} ({spec['records']:,} x {'x'.join(map(str, spec['shape']))})"
+
+
 READ_TARGETS = {"small": 30.0, "large": 5.0}
 
 
@@ -434,41 +576,109 @@ def build_rows(ctx: Context) -> list[dict[str, Any]]:
     rows = []
     wl = _workloads(ctx.args)
     for name, spec in wl.items():
-        label = f"{name} ({spec['records']:,} x {'x'.join(map(str, spec['shape']))})"
+        label = _label(name, spec)
         yc_read = _get(r, f"read/yogacache/{name}", "rate")
         rows += [
-            _row("1. shuffled sharded read vs YogaDL 0.1.4", label, yc_read,
-                 _get(r, f"read/yogadl/{name}", "rate"), "rec/s", ("min_ratio", READ_TARGETS[name])),
-            _row("1. shuffled sharded read vs tf.data cache(file) read pass", label, yc_read,
-                 _get(r, f"tf_cache/{name}", "read_rate"), "rec/s"),
-            _row("1. shuffled sharded read vs tf.data snapshot read pass", label, yc_read,
-                 _get(r, f"tf_snapshot/{name}", "read_rate"), "rec/s"),
+            _row(
+                "1. shuffled sharded read vs YogaDL 0.1.4",
+                label,
+                yc_read,
+                _get(r, f"read/yogadl/{name}", "rate"),
+                "rec/s",
+                ("min_ratio", READ_TARGETS[name]),
+            ),
+            _row(
+                "1. shuffled sharded read, median warm pass, vs YogaDL 0.1.4",
+                label,
+                _get(r, f"read/yogacache/{name}", "median_rate"),
+                _get(r, f"read/yogadl/{name}", "median_rate"),
+                "rec/s",
+            ),
+            _row(
+                "1. shuffled sharded read, first pass from a cold page cache, vs YogaDL 0.1.4",
+                label,
+                _get(r, f"read/yogacache/{name}", "cold_rate"),
+                _get(r, f"read/yogadl/{name}", "cold_rate"),
+                "rec/s",
+            ),
+            _row(
+                "1. shuffled sharded read vs tf.data cache(file) read pass",
+                label,
+                yc_read,
+                _get(r, f"tf_cache/{name}", "read_rate"),
+                "rec/s",
+            ),
+            _row(
+                "1. shuffled sharded read vs tf.data snapshot read pass",
+                label,
+                yc_read,
+                _get(r, f"tf_snapshot/{name}", "read_rate"),
+                "rec/s",
+            ),
         ]
         yc_build = _get(r, f"build/yogacache/{name}", "rate")
         rows += [
-            _row("2. build from tf.data vs consuming the source", label, yc_build,
-                 _get(r, f"source/{name}", "rate"), "rec/s", ("min_ratio", 0.8)),
-            _row("2. build from tf.data vs YogaDL 0.1.4 build", label, yc_build,
-                 _get(r, f"build/yogadl/{name}", "rate"), "rec/s"),
-            _row("2. build from tf.data vs tf.data cache(file) write pass", label, yc_build,
-                 _get(r, f"tf_cache/{name}", "write_rate"), "rec/s"),
-            _row("2. build from in-memory list vs raw lmdb putmulti append", label,
-                 _get(r, f"build_mem/yogacache/{name}", "rate"), _get(r, f"lmdb/{name}", "rate"), "rec/s",
-                 ("min_ratio", 0.5)),
+            _row(
+                "2. build from tf.data vs consuming the source",
+                label,
+                yc_build,
+                _get(r, f"source/{name}", "rate"),
+                "rec/s",
+                ("min_ratio", 0.8),
+            ),
+            _row(
+                "2. build from tf.data vs YogaDL 0.1.4 build",
+                label,
+                yc_build,
+                _get(r, f"build/yogadl/{name}", "rate"),
+                "rec/s",
+            ),
+            _row(
+                "2. build from tf.data vs tf.data cache(file) write pass",
+                label,
+                yc_build,
+                _get(r, f"tf_cache/{name}", "write_rate"),
+                "rec/s",
+            ),
+            _row(
+                "2. build from in-memory list vs raw lmdb putmulti append",
+                label,
+                _get(r, f"build_mem/yogacache/{name}", "rate"),
+                _get(r, f"lmdb/{name}", "rate"),
+                "rec/s",
+                ("min_ratio", 0.5),
+            ),
         ]
         yc_ttfe = _get(r, f"ttfe/yogacache/{name}", "ms")
         rows += [
-            _row("3. cache-hit time to first batch vs YogaDL 0.1.4", label, yc_ttfe,
-                 _get(r, f"ttfe/yogadl/{name}", "ms"), "ms", ("max_ratio", 0.5)),
-            _row("3. cache-hit time to first batch vs in-memory from_generator", label, yc_ttfe,
-                 _get(r, f"ttfe/generator/{name}", "ms"), "ms", ("max_delta", 10.0)),
+            _row(
+                "3. cache-hit time to first batch vs YogaDL 0.1.4",
+                label,
+                yc_ttfe,
+                _get(r, f"ttfe/yogadl/{name}", "ms"),
+                "ms",
+                ("max_ratio", 0.5),
+            ),
+            _row(
+                "3. cache-hit time to first batch vs in-memory from_generator",
+                label,
+                yc_ttfe,
+                _get(r, f"ttfe/generator/{name}", "ms"),
+                "ms",
+                ("max_delta", 10.0),
+            ),
         ]
     if "memory" in ctx.args.workload_list:
         label = f"tiny ({_memory_records(ctx.args):,} x int64)"
         rows.append(
-            _row("4. reader RssAnon growth (open + iterate shuffled stream) vs YogaDL 0.1.4", label,
-                 _get(r, "mem_read/yogacache", "rss_anon_peak_delta_mib"),
-                 _get(r, "mem_read/yogadl", "rss_anon_peak_delta_mib"), "MiB", ("max_abs", 64.0))
+            _row(
+                "4. reader RssAnon growth (open + iterate shuffled stream) vs YogaDL 0.1.4",
+                label,
+                _get(r, "mem_read/yogacache", "rss_anon_peak_delta_mib"),
+                _get(r, "mem_read/yogadl", "rss_anon_peak_delta_mib"),
+                "MiB",
+                ("max_abs", 64.0),
+            )
         )
     return rows
 
@@ -492,7 +702,10 @@ def _notes(ctx: Context) -> list[str]:
         res = ctx.results[key]
         per_rep_ttfe = key.startswith("ttfe/") and key.count("/") == 3
         if not res.get("ok") and not per_rep_ttfe:
-            notes.append(f"- `{key}`: {res.get('error')}")
+            error = str(res.get("error"))
+            if error.startswith("YogaDL unavailable"):
+                continue  # said once, in the header
+            notes.append(f"- `{key}`: {error}")
     return notes
 
 
@@ -506,7 +719,31 @@ def _versions(ctx: Context) -> dict[str, Any]:
         except PackageNotFoundError:
             out[dist] = None
     out["yogadl"] = YOGADL_VERSION if ctx.yogadl_python else None
+    out["yogacache_source_sha256"] = _source_digest()
     return out
+
+
+def _source_digest() -> Optional[str]:
+    """SHA-256 over yogacache's .py files (as imported by the workers), to tell runs apart."""
+    import hashlib
+
+    spec = importlib.util.find_spec("yogacache")
+    roots = list(spec.submodule_search_locations or []) if spec else []
+    if not roots and os.path.isdir(os.path.join(REPO, "yogacache")):
+        roots = [os.path.join(REPO, "yogacache")]
+    if not roots:
+        return None
+    digest = hashlib.sha256()
+    for root in roots:
+        for dirpath, dirnames, filenames in os.walk(root):
+            dirnames.sort()
+            for name in sorted(filenames):
+                if name.endswith(".py"):
+                    path = os.path.join(dirpath, name)
+                    digest.update(os.path.relpath(path, root).encode() + b"\0")
+                    with open(path, "rb") as f:
+                        digest.update(f.read())
+    return digest.hexdigest()[:16]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -522,6 +759,9 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
     else:
         workdir = tempfile.mkdtemp(prefix="yogacache-bench-")
     _log(f"work directory: {workdir}")
+    load_start = os.getloadavg()
+    if load_start[0] > 0.5:
+        _log(f"warning: load average is {load_start[0]:.2f} before starting; timings will be noisy")
     try:
         ydl_python, ydl_reason = ensure_yogadl_python(args)
         if ydl_python is None:
@@ -544,7 +784,12 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
         "prefetch": _data.PREFETCH,
         "shuffle_seed": _data.SHUFFLE_SEED,
         "shard": [_data.SHARD_RANK, _data.NUM_SHARDS],
+        "reps": args.reps,
+        "read_reps": args.read_reps,
         "ttfe_reps": args.ttfe_reps,
+        "ttfe_page_cache": "cold" if args.ttfe_cold else "warm",
+        "loadavg_start": load_start,
+        "loadavg_end": os.getloadavg(),
         "cpus": os.cpu_count(),
         "platform": platform.platform(),
         "versions": versions,
@@ -555,17 +800,35 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
     print(f"# yogacache core benchmark{' (--quick)' if args.quick else ''}\n")
     print(
         f"python {versions['python']}, tensorflow {versions['tensorflow']}, "
-        f"yogacache {versions['yogacache']}, YogaDL {YOGADL_VERSION} ({ctx.yogadl_reason}), "
-        f"lmdb {versions['lmdb']}, {os.cpu_count()} CPUs; total {total:.0f}s\n"
+        f"yogacache {versions['yogacache']} (source {versions['yogacache_source_sha256']}), "
+        f"YogaDL {YOGADL_VERSION} ({ctx.yogadl_reason}), "
+        f"lmdb {versions['lmdb']}, {os.cpu_count()} CPUs, load average at start "
+        f"{load_start[0]:.2f}; best of {args.read_reps} read / {args.reps} other passes per throughput; "
+        f"total {total:.0f}s\n"
     )
     print(format_table(rows))
     notes = _notes(ctx)
     if notes:
         print("\nFailures:\n" + "\n".join(notes))
+    contended = [
+        f"{w['label']} ({w['cpu_busy_before']:.0%})"
+        for w in ctx.workers
+        if w["cpu_busy_before"] is not None and w["cpu_busy_before"] > BUSY_THRESHOLD
+    ]
+    if contended:
+        print(
+            f"\nWarning: other processes kept the CPUs over {BUSY_THRESHOLD:.0%} busy just before "
+            f"{len(contended)} of {len(ctx.workers)} workers started, so their timings are noisy "
+            f"(--wait-idle SECONDS waits for quiet): {', '.join(contended)}"
+        )
+    page_cache = "cold" if args.ttfe_cold else "warm"
     print(
         "\nratio = yogacache / peer (rates: higher is better; times and memory: lower is better). "
-        "Reads: shard 0 of 2, shuffle_seed=7, batch(256).prefetch(2); tf.data cache/snapshot read "
-        "the whole dataset unshuffled. Time to first batch: median over fresh processes, imports excluded."
+        "Reads: shard 0 of 2, shuffle_seed=7, batch(256).prefetch(2); tf.data cache/snapshot read the "
+        f"whole dataset unshuffled. Read rates: best (or median) of {args.read_reps} warm passes, cache files "
+        "read into the page cache first; the cold pass evicts them first. Build and other rates: best of "
+        f"{args.reps} passes. Time to first batch: median of {args.ttfe_reps} fresh processes, imports "
+        f"excluded, page cache {page_cache}."
     )
     report = {"config": config, "rows": rows, "results": ctx.results, "workers": ctx.workers}
     if args.out:
