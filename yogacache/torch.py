@@ -98,7 +98,8 @@ def _structure_builder(spec: Spec) -> Callable[[Sequence[Any]], Any]:
 def _spec_children(spec: Spec) -> list[tuple[Any, Spec]]:
     if isinstance(spec, dict):
         return [(key, spec[key]) for key in sorted(spec)]
-    assert isinstance(spec, tuple)
+    if not isinstance(spec, tuple):
+        raise TypeError(f"expected a dict or tuple element spec, got {type(spec).__name__}")
     return list(enumerate(spec))
 
 
@@ -283,7 +284,8 @@ class CacheIterableDataset(IterableDataset):  # type: ignore[type-arg]
         records = self.schedule.remaining(self._position)
         if not self.batched:
             return records
-        assert self.batch_size is not None
+        if self.batch_size is None:
+            raise ValueError("a batched dataset needs a batch_size")
         return records // self.batch_size if self.drop_last else -(-records // self.batch_size)
 
     def __iter__(self) -> Iterator[Any]:

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from yogacache.dataref import CacheDataRef, Storage
+from yogacache.names import validate_name, validate_version
 from yogacache.store import CacheStore
 
 __all__ = [
@@ -20,37 +21,24 @@ __all__ = [
 ]
 
 
-class LFSConfigurations:
-    """Configuration of LFSStorage: caches live under ``storage_dir_path/<id>/<version>/``."""
+class _StoreStorage(Storage):
+    """submit/fetch/cacheable over a store (a CacheStore or a RemoteCacheStore)."""
 
-    def __init__(self, storage_dir_path: str) -> None:
-        self.storage_dir_path = Path(storage_dir_path)
-        self.cache_format = "LMDB"
-
-
-class LFSStorage(Storage):
-    """Caches on a local (or shared) filesystem, as YogaDL's LFSStorage, safely built and read."""
-
-    def __init__(self, configurations: LFSConfigurations, tensorflow_config: Any = None) -> None:
-        # ``tensorflow_config`` (a TF1 ConfigProto) is accepted for compatibility and unused.
-        self._configurations = configurations
-        root = configurations.storage_dir_path
-        if not root.is_dir():
-            raise FileNotFoundError(f"LFSStorage directory {root} does not exist")
-        if configurations.cache_format != "LMDB":
-            raise ValueError(f"unsupported cache_format {configurations.cache_format!r}; use 'LMDB'")
-        self.store = CacheStore(root)
+    store: Any
 
     def submit(self, data: Any, dataset_id: str, dataset_version: str) -> None:
-        """Caches ``data``, replacing an existing cache of the same id and version atomically."""
+        """Caches ``data``: locally it replaces an existing cache atomically; remotely it is
+        built and published (refused if a cache is already published)."""
         self.store.build(dataset_id, dataset_version, data)
 
     def fetch(self, dataset_id: str, dataset_version: str) -> CacheDataRef:
+        """A DataRef to the cache (a remote one is first synced to the local copy)."""
         return CacheDataRef(self.store.open(dataset_id, dataset_version))
 
     def cacheable(self, dataset_id: str, dataset_version: str) -> Callable[..., Any]:
-        """Decorator: calls the function only when the cache is missing; returns a DataRef."""
-        self.store.cache_dir(dataset_id, dataset_version)  # validate before any call
+        """Decorator: the function runs only when no process has built the cache; returns a DataRef."""
+        validate_name(dataset_id, "dataset_id")  # before any call
+        validate_version(dataset_version)
 
         def wrap(make_dataset: Callable[..., Any]) -> Callable[..., CacheDataRef]:
             @functools.wraps(make_dataset)
@@ -63,6 +51,28 @@ class LFSStorage(Storage):
             return create_dataref
 
         return wrap
+
+
+class LFSConfigurations:
+    """Configuration of LFSStorage: caches live under ``storage_dir_path/<id>/<version>/``."""
+
+    def __init__(self, storage_dir_path: str) -> None:
+        self.storage_dir_path = Path(storage_dir_path)
+        self.cache_format = "LMDB"
+
+
+class LFSStorage(_StoreStorage):
+    """Caches on a local (or shared) filesystem, as YogaDL's LFSStorage, safely built and read."""
+
+    def __init__(self, configurations: LFSConfigurations, tensorflow_config: Any = None) -> None:
+        # ``tensorflow_config`` (a TF1 ConfigProto) is accepted for compatibility and unused.
+        self._configurations = configurations
+        root = configurations.storage_dir_path
+        if not root.is_dir():
+            raise FileNotFoundError(f"LFSStorage directory {root} does not exist")
+        if configurations.cache_format != "LMDB":
+            raise ValueError(f"unsupported cache_format {configurations.cache_format!r}; use 'LMDB'")
+        self.store = CacheStore(root)
 
 
 def _warn_coordinator(url: Any, cert_file: Any, cert_name: Any) -> None:
@@ -134,7 +144,7 @@ class GCSConfigurations(BaseCloudConfigurations):
     """YogaDL's GCSConfigurations; credentials come from the standard Google chain."""
 
 
-class BaseCloudStorage(Storage):
+class BaseCloudStorage(_StoreStorage):
     """A YogaDL-compatible storage over a RemoteCacheStore."""
 
     def __init__(self, configurations: BaseCloudConfigurations, tensorflow_config: Any = None) -> None:
@@ -147,30 +157,6 @@ class BaseCloudStorage(Storage):
 
     def _object_store(self) -> Any:
         raise NotImplementedError
-
-    def submit(self, data: Any, dataset_id: str, dataset_version: str) -> None:
-        """Builds the cache locally and publishes it (refused if one is already published)."""
-        self.store.build(dataset_id, dataset_version, data)
-
-    def fetch(self, dataset_id: str, dataset_version: str) -> CacheDataRef:
-        """Syncs the local copy with the published cache and returns a DataRef to it."""
-        return CacheDataRef(self.store.open(dataset_id, dataset_version))
-
-    def cacheable(self, dataset_id: str, dataset_version: str) -> Callable[..., Any]:
-        """Decorator: builds and publishes only when no node has; returns a DataRef."""
-        self.store.key(dataset_id, dataset_version)  # validate before any call
-
-        def wrap(make_dataset: Callable[..., Any]) -> Callable[..., CacheDataRef]:
-            @functools.wraps(make_dataset)
-            def create_dataref(*args: Any, **kwargs: Any) -> CacheDataRef:
-                reader = self.store.get_or_build(
-                    dataset_id, dataset_version, lambda: make_dataset(*args, **kwargs)
-                )
-                return CacheDataRef(reader)
-
-            return create_dataref
-
-        return wrap
 
 
 class S3Storage(BaseCloudStorage):
