@@ -36,6 +36,13 @@ _open_environments_pid = os.getpid()
 _open_environments_lock = threading.Lock()
 
 
+def _physical_memory() -> int:
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):
+        return 0
+
+
 def shared_environment(path: Path, readahead: bool = False) -> Any:
     """This process's read-only environment for the sealed part at ``path``.
 
@@ -92,7 +99,12 @@ class CacheReader:
             raise
         self.codec = RecordCodec(self.manifest.element_spec)
         average = self.manifest.num_bytes // max(1, self.manifest.num_records)
-        self._large_records = average >= LARGE_RECORD_BYTES
+        # Read ahead when records span pages, or when the whole cache fits easily in memory
+        # (cold passes then fill the page cache in large reads); a cache larger than memory
+        # read at random is better served page by page.
+        self._readahead = average >= LARGE_RECORD_BYTES or (
+            self.manifest.total_size_bytes < _physical_memory() // 2
+        )
         self._starts = np.array([p.first_record for p in self.manifest.parts], dtype=np.int64)
         self._envs: list[Any] = []
         self._pid = -1
@@ -134,7 +146,7 @@ class CacheReader:
         shown = self.directory / part.name
         path = self._part_paths().get(part.name, shown)
         try:
-            env = shared_environment(path, readahead=self._large_records)
+            env = shared_environment(path, readahead=self._readahead)
             entries = env.stat()["entries"]
         except (lmdb.Error, OSError) as error:
             raise CorruptCacheError(f"cache part {shown} cannot be opened by LMDB: {error}") from error
