@@ -13,7 +13,7 @@ import functools
 import math
 import threading
 from dataclasses import dataclass
-from typing import Any, Iterable, Iterator, Mapping, Optional, Sequence, Union
+from typing import Any, Mapping, Optional, Sequence, Union
 
 import msgpack
 import numpy as np
@@ -501,8 +501,3 @@ class FixedLayout:
         index = np.concatenate([np.arange(p.start, p.stop) for p in self.header_slices])
         return index, self.template[index]
 
-
-def iter_python_elements(elements: Iterable[Any], spec: Spec) -> Iterator[list[Any]]:
-    """Flattens each element of a framework-neutral iterable against ``spec``."""
-    for element in elements:
-        yield flatten(element, spec)

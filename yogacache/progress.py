@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import sys
 import time
-from typing import Optional, TextIO
+from typing import Callable, Optional, TextIO
 
 log = logging.getLogger("yogacache.progress")
 
@@ -45,29 +45,29 @@ class Progress:
             f"({records / elapsed:,.0f} records/s, {format_bytes(size / elapsed)}/s)"
         )
 
-    def update(self, records: int, size: int) -> None:
+    def emit(self, line: Callable[[], str], final: bool = False, log_prefix: str = "") -> None:
+        """Shows ``line()`` (a live line on a terminal, a log line otherwise), at most once per
+        interval; ``final`` ends the live line."""
         if not self.enabled:
             return
         now = time.monotonic()
-        if now - self._last < self.interval:
+        if not final and now - self._last < self.interval:
             return
         self._last = now
         if self.tty:
-            self.stream.write("\r" + self._line(records, size) + "\x1b[K")
+            if final and not self._shown:
+                return
+            self.stream.write("\r" + line() + "\x1b[K" + ("\n" if final else ""))
             self.stream.flush()
             self._shown = True
         else:
-            log.info("building %s", self._line(records, size))
+            log.info("%s%s", log_prefix, line())
+
+    def update(self, records: int, size: int) -> None:
+        self.emit(lambda: self._line(records, size), log_prefix="building ")
 
     def finish(self, records: int, size: int) -> None:
-        if not self.enabled:
-            return
-        if self.tty:
-            if self._shown:
-                self.stream.write("\r" + self._line(records, size) + "\x1b[K\n")
-                self.stream.flush()
-        else:
-            log.info("built %s", self._line(records, size))
+        self.emit(lambda: self._line(records, size), final=True, log_prefix="built ")
 
 
 class TransferProgress:
@@ -95,26 +95,8 @@ class TransferProgress:
     def add(self, count: int) -> None:
         with self._lock:
             self.done += count
-            progress = self._progress
-            if not progress.enabled:
-                return
-            now = time.monotonic()
-            if now - progress._last < progress.interval:
-                return
-            progress._last = now
-            if progress.tty:
-                progress.stream.write("\r" + self._line() + "\x1b[K")
-                progress.stream.flush()
-                progress._shown = True
-            else:
-                log.info("%s", self._line())
+            self._progress.emit(self._line)
 
     def finish(self) -> None:
-        progress = self._progress
-        if not progress.enabled:
-            return
-        if progress.tty and progress._shown:
-            progress.stream.write("\r" + self._line() + "\x1b[K\n")
-            progress.stream.flush()
-        elif not progress.tty:
-            log.info("%s", self._line())
+        with self._lock:
+            self._progress.emit(self._line, final=True)

@@ -79,7 +79,7 @@ class PythonSource:
         codec = RecordCodec(_open_spec(spec))
         fixed = RecordCodec(spec) if FixedLayout.applies(spec_leaves(spec)) else None
         for batch in _chunks(itertools.chain([first], iterator), PYTHON_BATCH):
-            if fixed is not None and spec == self._spec_or(spec):
+            if fixed is not None:  # spec only changes once fixed is dropped
                 encoded = _encode_stacked(fixed, spec, batch)
                 if encoded is not None:
                     self._spec = spec
@@ -92,9 +92,6 @@ class PythonSource:
                 encoded.append(codec.encode(flatten(element, spec)))
             self._spec = spec
             yield encoded
-
-    def _spec_or(self, default: Spec) -> Spec:
-        return default if self._spec is None else self._spec
 
 
 def _encode_stacked(codec: RecordCodec, spec: Spec, batch: list[Any]) -> Optional[list[bytes]]:

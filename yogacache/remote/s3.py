@@ -183,14 +183,3 @@ class S3ObjectStore:
 
         return self._run("LIST", prefix, call)
 
-    def bulk_delete(self, keys: builtins.list[str]) -> None:
-        for start in range(0, len(keys), 1000):
-            chunk = keys[start : start + 1000]
-            self._run(
-                "DELETE objects under",
-                "",
-                lambda chunk=chunk: self._client.delete_objects(
-                    Bucket=self.bucket,
-                    Delete={"Objects": [{"Key": self._key(k)} for k in chunk], "Quiet": True},
-                ),
-            )
