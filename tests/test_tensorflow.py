@@ -459,3 +459,76 @@ print("first batch", int(first[1].shape[0]), flush=True)
     )
     assert result.returncode == 0, result.stderr[-2000:]
     assert "first batch 256" in result.stdout
+
+
+# -- the batched pipeline: several reads per epoch ----------------------------------------------
+
+
+def test_resumed_epoch_of_many_reads_then_full_epochs_match_yogadl(tmp_path: Path) -> None:
+    store = store_at(tmp_path)
+    store.build("many", "v1", tf.data.Dataset.range(1500).map(lambda x: (x, tf.fill([3], x))))
+    kwargs = {"start_offset": 450, "shuffle": True, "shuffle_seed": 3, "shard_rank": 1, "num_shards": 2}
+    stream = CacheDataRef(store.open("many", "v1")).stream(**kwargs)
+    assert stream.max_batches is not None and stream.max_batches > 3  # 32, 64, 128, ... records
+    dataset = make_tf_dataset(stream)
+    got = [[int(e[0]) for e in dataset.as_numpy_iterator()] for _ in range(3)]
+    assert got == yogadl_order(1500, 3, **kwargs)
+    assert [len(epoch) for epoch in got] == [750 - 450, 750, 750]
+    for index, values in dataset.take(50).as_numpy_iterator():
+        assert values.tolist() == [index] * 3
+
+
+def test_an_abandoned_iterator_does_not_disturb_the_next_epoch(tmp_path: Path) -> None:
+    store = store_at(tmp_path)
+    store.build("ab", "v1", tf.data.Dataset.range(1000))
+    stream = CacheDataRef(store.open("ab", "v1")).stream(shuffle=True, shuffle_seed=5)
+    dataset = make_tf_dataset(stream).prefetch(8)
+    abandoned = iter(dataset)
+    first = [int(next(abandoned)) for _ in range(40)]  # reads 0 and 1 of epoch 0
+    second = [int(x) for x in dataset.as_numpy_iterator()]
+    third = [int(x) for x in dataset.as_numpy_iterator()]
+    want = yogadl_order(1000, 3, shuffle=True, shuffle_seed=5)
+    assert first == want[0][:40]
+    assert second == want[1]
+    assert third == want[2]
+    del abandoned
+
+
+def test_two_iterators_interleaving_one_epoch_fail_with_a_message(tmp_path: Path) -> None:
+    store = store_at(tmp_path)
+    store.build("two", "v1", tf.data.Dataset.range(1000))
+    dataset = make_tf_dataset(CacheDataRef(store.open("two", "v1")).stream())
+    older, newer = iter(dataset), iter(dataset)
+    assert [int(next(older)) for _ in range(40)] == list(range(40))
+    assert int(next(newer)) == 0  # the next epoch starts
+    with pytest.raises(tf.errors.OpError, match="two iterators of one yogacache tf.data.Dataset"):
+        for _ in range(200):
+            next(older)
+
+
+def test_batches_beyond_max_batches_are_not_dropped() -> None:
+    spec = yogacache.codec.TensorSpec("int64", ())
+
+    def batches() -> Iterator[list[np.ndarray]]:
+        for start in range(0, 50, 10):
+            yield [np.arange(start, start + 10, dtype=np.int64)]
+
+    stream = yogacache.Stream(
+        lambda: iter(range(50)), 50, element_spec=spec, batch_iterator_fn=batches, max_batches=2
+    )
+    dataset = make_tf_dataset(stream)
+    assert [int(x) for x in dataset.as_numpy_iterator()] == list(range(50))
+    assert [int(x) for x in dataset.as_numpy_iterator()] == list(range(50))
+
+
+def test_an_empty_shard_gives_an_empty_dataset_with_the_spec(tmp_path: Path) -> None:
+    store = store_at(tmp_path)
+    store.build("tiny", "v1", tf.data.Dataset.range(2).map(lambda x: {"x": x, "s": tf.fill([2], 1.5)}))
+    stream = CacheDataRef(store.open("tiny", "v1")).stream(shard_rank=3, num_shards=4)
+    dataset = make_tf_dataset(stream)
+    assert len(stream) == 0
+    assert list(dataset.as_numpy_iterator()) == []
+    assert dataset.element_spec == {
+        "s": tf.TensorSpec([2], tf.float32),
+        "x": tf.TensorSpec([], tf.int64),
+    }

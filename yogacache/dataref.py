@@ -38,6 +38,7 @@ class Stream:
         batch_iterator_fn: Optional[Callable[[], Iterator[list[np.ndarray]]]] = None,
         uniform_epochs: bool = False,
         state_fn: Optional[Callable[[int], dict[str, Any]]] = None,
+        max_batches: Optional[int] = None,
     ) -> None:
         self.iterator_fn = iterator_fn
         self.length = length
@@ -47,6 +48,8 @@ class Stream:
         self._output_shapes = output_shapes
         self.element_spec = element_spec
         self.batch_iterator_fn = batch_iterator_fn
+        # How many batches ``batch_iterator_fn`` yields per epoch at most (None: unknown).
+        self.max_batches = max_batches
         self.state_fn = state_fn
 
     def state_dict(self, records_consumed: int) -> dict[str, Any]:
@@ -193,6 +196,7 @@ class CacheDataRef(DataRef):
             batch_iterator_fn=batch_fn,
             uniform_epochs=schedule.start[1] == 0,
             state_fn=lambda records: schedule.state(schedule.start, records),
+            max_batches=_count_pieces(len(schedule), chunk) if batch_fn is not None else None,
         )
 
     def schedule(
@@ -230,6 +234,16 @@ def _pieces(plan: EpochPlan, chunk: int) -> Iterator[np.ndarray]:
         yield plan.indices(begin, begin + size)
         begin += size
         size = min(chunk, size * 2)
+
+
+def _count_pieces(records: int, chunk: int) -> int:
+    """How many slices ``_pieces`` cuts an epoch of ``records`` records into."""
+    count, begin, size = 0, 0, min(chunk, FIRST_READ_RECORDS)
+    while begin < records:
+        count += 1
+        begin += size
+        size = min(chunk, size * 2)
+    return count
 
 
 def _chunk_size(reader: CacheReader) -> int:

@@ -1,8 +1,8 @@
 """TensorFlow adapter: tf.data.Dataset to record source, and Stream to tf.data.Dataset.
 
 The only module of the package that imports TensorFlow. Reading hands TensorFlow whole
-batches of stacked columns through ``from_generator`` and lets ``unbatch`` split them in C++,
-instead of one Python call per record.
+batches of stacked columns (one stateful ``numpy_function`` map over the batch numbers of an
+epoch) and lets ``unbatch`` split them in C++, instead of one Python call per record.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from yogacache.codec import (
     Spec,
     TensorSpec,
     flatten,
+    numpy_dtype,
     spec_leaves,
     unflatten,
 )
@@ -188,11 +189,78 @@ def _until_exit(iterator: Iterator[Any]) -> Iterator[Any]:
         yield item
 
 
+class _BatchPuller:
+    """The ``numpy_function`` behind the batched pipeline: batch ``i`` of the current epoch.
+
+    TensorFlow calls it with ``0, 1, ..., max_batches - 1`` once per iteration of the dataset;
+    ``0`` starts the stream's next epoch. Calls past the end of a short epoch (the resumed
+    first one) get empty batches, and the last call also takes whatever the epoch has left,
+    so nothing is dropped even if the bound were low. A call out of sequence means two
+    iterators of this dataset are running at once, which would interleave one epoch: it fails
+    with a message instead.
+    """
+
+    def __init__(self, batch_fn: Any, leaves: list[TensorSpec], last: int) -> None:
+        self._batch_fn = batch_fn
+        self._empty = [
+            np.empty((0, *(int(d or 0) for d in leaf.shape or ())), dtype=numpy_dtype(leaf.dtype))
+            for leaf in leaves
+        ]
+        self._last = last
+        self._lock = threading.Lock()
+        self._batches: Optional[Iterator[list[np.ndarray]]] = None
+        self._next = 0
+
+    def __call__(self, index: Any) -> list[np.ndarray]:
+        index = int(index)
+        with self._lock:
+            if index == 0:
+                _keep_freed_memory()  # runs after TensorFlow's own malloc settings
+                self._batches = _until_exit(self._batch_fn())
+            elif index != self._next:
+                raise RuntimeError(
+                    "two iterators of one yogacache tf.data.Dataset are running at once; each "
+                    "iteration of the dataset is the stream's next epoch, so finish (or drop) one "
+                    "iterator before starting the next, or call make_tf_dataset once per iterator"
+                )
+            self._next = index + 1
+            batches = self._batches
+            if batches is None:
+                return self._empty
+            columns = next(batches, None)
+            if index == self._last or columns is None:
+                rest = list(batches)
+                self._batches = None
+                if columns is None:
+                    return self._empty
+                if rest:
+                    return [np.concatenate(parts) for parts in zip(columns, *rest)]
+            return columns
+
+
 def make_tf_dataset(stream: Stream) -> tf.data.Dataset:
     """A ``tf.data.Dataset`` of the stream's elements; each iteration of it is the next epoch."""
     spec = stream.element_spec
     batch_fn = stream.batch_iterator_fn
-    if spec is not None and batch_fn is not None:
+    leaves = spec_leaves(spec) if spec is not None else []
+    if spec is not None and batch_fn is not None and stream.max_batches is not None and leaves:
+        # One stateful map over the batch numbers: cheaper to trace and to start than
+        # from_generator, whose nested functions cost tens of milliseconds on the first element.
+        count = max(1, stream.max_batches)
+        pull = _BatchPuller(batch_fn, leaves, count - 1)
+        dtypes = [_tf_dtype(leaf.dtype) for leaf in leaves]
+        shapes = [tf.TensorShape([None, *(leaf.shape or ())]) for leaf in leaves]
+
+        @tf.autograph.experimental.do_not_convert  # plain graph code: transpiling it costs ~100 ms
+        def read_batch(index: tf.Tensor) -> Any:
+            columns = tf.numpy_function(pull, [index], dtypes, stateful=True, name="yogacache_batch")
+            for column, shape in zip(columns, shapes):
+                column.set_shape(shape)
+            return unflatten(columns, spec)
+
+        _generators_started.set()
+        dataset = tf.data.Dataset.range(count).map(read_batch).unbatch()
+    elif spec is not None and batch_fn is not None:
 
         def batches() -> Iterator[Any]:
             _keep_freed_memory()  # runs after from_generator's own malloc settings
