@@ -556,3 +556,63 @@ def test_codec_modules_do_not_use_pickle() -> None:
         assert "pickle" not in vars(module), module.__name__
         source = Path(module.__file__).read_text()
         assert "import pickle" not in source and "pickle.loads" not in source, module.__name__
+
+
+# -- fast paths: stacked encoding of Python rows, aligned columns ---------------------------------
+
+
+def _rows(count: int) -> list[tuple[Any, ...]]:
+    rng = np.random.default_rng(3)
+    return [(rng.integers(0, 255, (4, 5), dtype=np.uint8), np.int64(i), np.float32(i / 3)) for i in range(count)]
+
+
+def test_stacked_encoding_equals_per_record_encoding() -> None:
+    rows = _rows(300)
+    codec = RecordCodec(infer_spec(rows[0]))
+    assert codec.layout is not None
+    stacked = codec.layout.encode_stacked(rows)
+    assert stacked is not None
+    assert [bytes(r) for r in stacked] == [codec.encode(list(row)) for row in rows]
+
+
+@pytest.mark.parametrize(
+    "odd",
+    [
+        (np.zeros((4, 5), np.int8), np.int64(1), np.float32(0)),  # another dtype, same shape
+        (np.zeros((4, 5), np.uint8), np.int32(1), np.float32(0)),  # a scalar of another width
+        (np.zeros((4, 5), np.uint8), 1, np.float32(0)),  # a Python int
+        (np.zeros((5, 4), np.uint8), np.int64(1), np.float32(0)),  # another shape
+        (np.zeros((4, 5), np.uint8), np.int64(1), np.float64(0)),  # would be cast silently
+    ],
+    ids=["dtype", "width", "python-int", "shape", "float64"],
+)
+def test_stacked_encoding_refuses_rows_it_would_have_to_convert(odd: tuple[Any, ...]) -> None:
+    rows = _rows(10)
+    rows[7] = odd
+    layout = RecordCodec(infer_spec(rows[0])).layout
+    assert layout is not None
+    assert layout.encode_stacked(rows) is None
+
+
+def test_flattener_matches_flatten_and_checks_structure() -> None:
+    from yogacache.codec import flattener
+
+    for element in [(np.int64(1), np.zeros(2)), {"b": np.int64(1), "a": np.zeros(2)}, {"a": (np.int64(1),)}]:
+        spec = infer_spec(element)
+        assert list(flattener(spec)(element)) == flatten(element, spec)
+    with pytest.raises(UnsupportedDatasetError, match="structure changed"):
+        flattener(infer_spec((np.int64(1), np.int64(2))))((np.int64(1),))
+    with pytest.raises(UnsupportedDatasetError, match="structure changed"):
+        flattener(infer_spec({"a": np.int64(1)}))({"b": np.int64(1)})
+
+
+@pytest.mark.parametrize("size", [16, 20_000])  # the staging path and the per-row path
+def test_decoded_columns_are_64_byte_aligned_and_exact(size: int) -> None:
+    rng = np.random.default_rng(5)
+    rows = [(rng.integers(0, 255, size, dtype=np.uint8), np.float64(i)) for i in range(33)]
+    codec = RecordCodec(infer_spec(rows[0]))
+    columns = codec.decode_columns([codec.encode(list(row)) for row in rows])
+    for column in columns:
+        assert column.ctypes.data % 64 == 0
+    assert np.array_equal(columns[0], np.stack([row[0] for row in rows]))
+    assert columns[1].tolist() == [float(i) for i in range(33)]

@@ -365,3 +365,40 @@ def test_leftovers_of_a_crashed_build_are_cleaned_on_next_build(tmp_path: Path) 
     store.build("data", "v1", elements(3))
     assert not crashed.exists()
     assert len(store.open("data", "v1")) == 3
+
+
+@pytest.mark.parametrize("kernel_writeback", [True, False], ids=["sync_file_range", "env.sync"])
+def test_early_writeback_during_a_build_keeps_every_record(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kernel_writeback: bool
+) -> None:
+    import yogacache.writer as writer_module
+
+    monkeypatch.setattr(writer_module, "_TXN_BYTES", 64 << 10)  # many transactions
+    monkeypatch.setattr(writer_module, "_WRITEBACK_EVERY_BYTES", 4096)
+    if not kernel_writeback:
+        monkeypatch.setattr(writer_module, "_sync_file_range", None)
+    calls = []
+    original = writer_module.CacheWriter._start_writeback
+    monkeypatch.setattr(
+        writer_module.CacheWriter, "_start_writeback", lambda self: (calls.append(1), original(self))
+    )
+    store = make_store(tmp_path)
+    data = [{"i": np.int64(i), "x": np.full(300, i, dtype=np.float32)} for i in range(3000)]
+    store.build("wb", "v1", data)
+    assert len(calls) > 3
+    store.verify_cache("wb", "v1")  # every part's hash matches its bytes
+    reader = store.open("wb", "v1")
+    got = read_all(reader)
+    assert [int(e["i"]) for e in got] == list(range(3000))
+    assert all(np.array_equal(e["x"], np.full(300, i, dtype=np.float32)) for i, e in enumerate(got))
+
+
+def test_records_limit_is_checked_per_batch_but_exactly(tmp_path: Path) -> None:
+    data = elements(2000)
+    exact = make_store(tmp_path, limits=BuildLimits(max_records=2000))
+    assert exact.build("lim", "v1", data).num_records == 2000
+    over = make_store(tmp_path, limits=BuildLimits(max_records=1999))
+    with pytest.raises(CacheLimitExceededError, match="more than 1999 records"):
+        over.build("lim", "v2", data)
+    assert not over.exists("lim", "v2")
+    assert leftovers(tmp_path) == []

@@ -13,7 +13,7 @@ import functools
 import math
 import threading
 from dataclasses import dataclass
-from typing import Any, Mapping, Optional, Sequence, Union
+from typing import Any, Callable, Mapping, Optional, Sequence, Union
 
 import msgpack
 import numpy as np
@@ -115,6 +115,30 @@ def flatten(element: Any, spec: Spec) -> list[Any]:
     if not isinstance(element, (tuple, list)) or len(element) != len(spec):
         raise UnsupportedDatasetError(f"element structure changed: expected a {len(spec)}-tuple")
     return [leaf for item, sub in zip(element, spec) for leaf in flatten(item, sub)]
+
+
+def flattener(spec: Spec) -> Callable[[Any], Sequence[Any]]:
+    """``flatten`` for one spec, with shortcuts for the common flat tuples and dicts of tensors."""
+    if isinstance(spec, tuple) and all(isinstance(item, TensorSpec) for item in spec):
+        size = len(spec)
+
+        def flat_tuple(element: Any) -> Sequence[Any]:
+            if isinstance(element, (tuple, list)) and len(element) == size:
+                return element
+            return flatten(element, spec)
+
+        return flat_tuple
+    if isinstance(spec, dict) and all(isinstance(item, TensorSpec) for item in spec.values()):
+        keys = sorted(spec)
+        key_set = set(keys)
+
+        def flat_dict(element: Any) -> Sequence[Any]:
+            if isinstance(element, dict) and element.keys() == key_set:
+                return [element[key] for key in keys]
+            return flatten(element, spec)
+
+        return flat_dict
+    return lambda element: flatten(element, spec)
 
 
 def unflatten(leaves: Sequence[Any], spec: Spec) -> Any:
@@ -374,6 +398,17 @@ class RecordCodec:
         return columns
 
 
+_ALIGN = 64  # TensorFlow adopts 64-byte aligned numpy buffers without copying them
+
+
+def aligned_empty(shape: tuple[int, ...], dtype: np.dtype[Any]) -> np.ndarray[Any, Any]:
+    """``np.empty`` whose data starts on a 64-byte boundary (malloc only promises 16)."""
+    size = math.prod(shape) * dtype.itemsize
+    raw = np.empty(size + _ALIGN, dtype=np.uint8)
+    start = -raw.ctypes.data % _ALIGN
+    return raw[start : start + size].view(dtype).reshape(shape)
+
+
 class FixedLayout:
     """The byte layout shared by every record of a spec whose leaves are all fixed-shape numbers.
 
@@ -425,6 +460,26 @@ class FixedLayout:
             table[:, offset : offset + size] = np.ascontiguousarray(column).view(np.uint8).reshape(count, size)
         return self._records(table)
 
+    def encode_stacked(self, rows: Sequence[Sequence[Any]]) -> list[bytes] | None:
+        """Like ``encode_rows``, but stacks each leaf's values with one numpy call: for rows of
+        numpy arrays and scalars whose dtypes match exactly. None if they do not (the caller
+        then tries ``encode_rows``)."""
+        count = len(rows)
+        columns = []
+        for index, (_, _, dtype, shape) in enumerate(self.fields):
+            values = [row[index] for row in rows]
+            for value in values:
+                if getattr(value, "dtype", None) != dtype:
+                    return None
+            try:
+                column = np.stack(values) if shape else np.array(values, dtype=dtype)
+            except ValueError:  # shapes differ
+                return None
+            if column.shape != (count, *shape):
+                return None
+            columns.append(column)
+        return self.encode(columns)
+
     def encode_rows(self, rows: Sequence[Sequence[Any]]) -> list[bytes] | None:
         """The records of a batch given as flat leaf lists, or None if a leaf does not match."""
         table = self._table(len(rows))
@@ -470,7 +525,7 @@ class FixedLayout:
                 raise CorruptCacheError("a record does not match the manifest's element spec")
         columns = []
         for offset, length, dtype, shape in self.fields:
-            column = np.empty((count, *shape), dtype=dtype)
+            column = aligned_empty((count, *shape), dtype)
             column.reshape(count, -1).view(np.uint8)[...] = table[:, offset : offset + length]
             columns.append(column)
         return columns
@@ -485,7 +540,7 @@ class FixedLayout:
     def _decode_rows(self, values: Sequence[Any]) -> list[np.ndarray[Any, Any]]:
         """Large records: copy each leaf straight from the record into its column (one copy)."""
         count = len(values)
-        columns = [np.empty((count, *shape), dtype=dtype) for _, _, dtype, shape in self.fields]
+        columns = [aligned_empty((count, *shape), dtype) for _, _, dtype, shape in self.fields]
         targets = [column.reshape(count, -1).view(np.uint8) for column in columns]
         header_index, header_bytes = self._header
         for row, value in enumerate(values):

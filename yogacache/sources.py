@@ -16,6 +16,7 @@ from yogacache.codec import (
     Spec,
     TensorSpec,
     flatten,
+    flattener,
     generalize,
     infer_spec,
     spec_leaves,
@@ -98,11 +99,13 @@ def _encode_stacked(codec: RecordCodec, spec: Spec, batch: list[Any]) -> Optiona
     """Encodes a batch of same-shaped numeric elements straight into records; None if they differ."""
     if codec.layout is None:
         return None
+    flat = flattener(spec)
     try:
-        rows = [flatten(element, spec) for element in batch]
+        rows = [flat(element) for element in batch]
     except UnsupportedDatasetError:
         return None
-    return codec.layout.encode_rows(rows)
+    encoded = codec.layout.encode_stacked(rows)
+    return encoded if encoded is not None else codec.layout.encode_rows(rows)
 
 
 def _chunks(iterable: Iterable[Any], size: int) -> Iterator[list[Any]]:

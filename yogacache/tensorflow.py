@@ -129,6 +129,7 @@ class TFDatasetSource:
 
     def encoded_batches(self) -> Iterator[list[bytes]]:
         spec, codec = self._spec, self._codec
+        _keep_freed_memory()  # batch buffers are reused instead of page-faulted in each time
         if codec.stackable:
             size = max(1, min(_SOURCE_BATCH_RECORDS, _SOURCE_BATCH_BYTES // _record_bytes(spec)))
             for batch in self._dataset.batch(size).as_numpy_iterator():
@@ -151,9 +152,9 @@ _M_MMAP_THRESHOLD = -3
 def _keep_freed_memory() -> None:
     """Lets glibc reuse freed batch buffers instead of returning them to the kernel.
 
-    ``from_generator`` sets ``M_TRIM_THRESHOLD`` to 128 KiB, so every multi-megabyte batch
-    buffer is unmapped when freed and page-faulted back in when the next one is allocated;
-    on virtual machines those faults cost more than decoding. Raising the mmap and trim
+    With glibc's defaults in a TensorFlow process, multi-megabyte batch buffers are mapped
+    per allocation and unmapped when freed, so each one is page-faulted in again; on virtual
+    machines those faults cost more than decoding (or encoding, when building). Raising the mmap and trim
     thresholds keeps the buffers in the heap (freed memory is kept up to 256 MiB). Set
     ``YOGACACHE_MALLOC_TUNING=0`` to leave malloc alone.
     """
@@ -215,7 +216,7 @@ class _BatchPuller:
         index = int(index)
         with self._lock:
             if index == 0:
-                _keep_freed_memory()  # runs after TensorFlow's own malloc settings
+                _keep_freed_memory()
                 self._batches = _until_exit(self._batch_fn())
             elif index != self._next:
                 raise RuntimeError(
@@ -263,7 +264,7 @@ def make_tf_dataset(stream: Stream) -> tf.data.Dataset:
     elif spec is not None and batch_fn is not None:
 
         def batches() -> Iterator[Any]:
-            _keep_freed_memory()  # runs after from_generator's own malloc settings
+            _keep_freed_memory()
             for columns in _until_exit(batch_fn()):
                 yield unflatten(columns, spec)
 
