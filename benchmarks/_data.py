@@ -55,3 +55,22 @@ def shard_order(records: int) -> Any:
     indices = np.arange(SHARD_RANK, records, NUM_SHARDS, dtype=np.int64)
     np.random.default_rng(SHUFFLE_SEED).shuffle(indices)
     return indices
+
+
+def make_jpeg_source(images: Any, labels: Any) -> Any:
+    """A decoding tf.data source, as image pipelines have: the images JPEG-encoded once (in
+    memory, outside any clock), then ``map(decode_jpeg)`` on every pass."""
+    import tensorflow as tf
+
+    encoded = tf.data.Dataset.from_tensor_slices(tf.convert_to_tensor(images)).map(
+        lambda image: tf.io.encode_jpeg(image, quality=90)
+    )
+    jpegs = tf.convert_to_tensor(list(encoded.as_numpy_iterator()), dtype=tf.string)
+    shape = images.shape[1:]
+
+    def decode(jpeg: Any, label: Any) -> Any:
+        image = tf.io.decode_jpeg(jpeg, channels=3)
+        image.set_shape(shape)
+        return image, label
+
+    return tf.data.Dataset.from_tensor_slices((jpegs, tf.convert_to_tensor(labels))).map(decode)

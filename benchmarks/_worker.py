@@ -31,7 +31,7 @@ if HERE not in sys.path:
 import _data  # noqa: E402
 
 _ARRAYS: dict[tuple[int, tuple[int, ...]], tuple[Any, Any]] = {}
-_SOURCES: dict[tuple[int, tuple[int, ...]], Any] = {}
+_SOURCES: dict[tuple[int, tuple[int, ...], bool], Any] = {}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -65,9 +65,12 @@ def _arrays(params: dict[str, Any]) -> tuple[Any, Any]:
 
 
 def _source(params: dict[str, Any]) -> Any:
-    key = (int(params["records"]), tuple(params["shape"]))
+    """The tf.data source: in-memory tensors, or (``"jpeg": True``) JPEGs decoded on the fly."""
+    jpeg = bool(params.get("jpeg"))
+    key = (int(params["records"]), tuple(params["shape"]), jpeg)
     if key not in _SOURCES:
-        _SOURCES[key] = _data.make_tf_source(*_arrays(params))
+        make = _data.make_jpeg_source if jpeg else _data.make_tf_source
+        _SOURCES[key] = make(*_arrays(params))
     return _SOURCES[key]
 
 

@@ -7,8 +7,9 @@ One invocation measures, for a small-record (100k x 32x32x3) and a large-record
 1. shuffled, sharded read rate through tf.data (shard 0 of 2, ``shuffle_seed=7``,
    ``make_tf_dataset(stream).batch(256).prefetch(2)``), vs YogaDL and vs the read pass of
    tf.data's ``cache(filename)`` and ``snapshot(path)``;
-2. cache build rate from the tf.data source vs consuming the source alone and vs YogaDL, and
-   from an in-memory list of numpy tuples vs a raw lmdb ``putmulti(append=True)``;
+2. cache build rate from the tf.data source vs consuming the source alone and vs YogaDL, the
+   same for a source that decodes JPEGs (as image pipelines do), and from an in-memory list
+   of numpy tuples vs a raw lmdb ``putmulti(append=True)``;
 3. cache-hit time to the first batch (fresh process, imports excluded) vs YogaDL and vs the
    same pipeline fed by ``tf.data.Dataset.from_generator`` over in-memory arrays;
 4. anonymous memory (``RssAnon``) the reader adds while opening and iterating a shuffled stream
@@ -355,6 +356,7 @@ def run_all(ctx: Context) -> None:
     for name, spec in wl.items():
         tasks += [
             {"task": "source_consume", "key": f"source/{name}", **spec},
+            {"task": "source_consume", "key": f"source_jpeg/{name}", "jpeg": True, **spec},
             {
                 "task": "tf_cache",
                 "key": f"tf_cache/{name}",
@@ -395,6 +397,18 @@ def run_all(ctx: Context) -> None:
             for name, spec in wl.items()
         ]
         if lib == "yogacache":
+            tasks += [
+                {
+                    "task": "build_tf",
+                    "key": f"build_jpeg/{lib}/{name}",
+                    "lib": lib,
+                    "dir": d(name, f"{lib}-jpeg"),
+                    "dataset_id": name,
+                    "jpeg": True,
+                    **spec,
+                }
+                for name, spec in wl.items()
+            ]
             tasks += [
                 {
                     "task": "build_mem",
@@ -623,6 +637,14 @@ def build_rows(ctx: Context) -> list[dict[str, Any]]:
                 label,
                 yc_build,
                 _get(r, f"source/{name}", "rate"),
+                "rec/s",
+                ("min_ratio", 0.8),
+            ),
+            _row(
+                "2. build from a JPEG-decoding tf.data source vs consuming that source",
+                label,
+                _get(r, f"build_jpeg/yogacache/{name}", "rate"),
+                _get(r, f"source_jpeg/{name}", "rate"),
                 "rec/s",
                 ("min_ratio", 0.8),
             ),

@@ -464,7 +464,27 @@ print("first batch", int(first[1].shape[0]), flush=True)
 # -- the batched pipeline: several reads per epoch ----------------------------------------------
 
 
-def test_resumed_epoch_of_many_reads_then_full_epochs_match_yogadl(tmp_path: Path) -> None:
+@pytest.fixture
+def small_first_reads(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Epochs start with a 32-record read (as for large records), then 64, 128, ..."""
+    import yogacache.dataref
+
+    monkeypatch.setattr(yogacache.dataref, "FIRST_READ_BYTES", 0)
+
+
+def test_first_read_fits_a_consumer_batch_of_small_records(tmp_path: Path) -> None:
+    store = store_at(tmp_path)
+    store.build("fr", "v1", tf.data.Dataset.range(3000).map(lambda x: (x, tf.fill([100], x))))
+    stream = CacheDataRef(store.open("fr", "v1")).stream()
+    first = next(stream.batch_iterator_fn())
+    assert len(first[0]) >= 256
+    big = store_at(tmp_path / "big")
+    big.build("fr", "v1", tf.data.Dataset.range(40).map(lambda x: tf.fill([10_000], x)))
+    first = next(CacheDataRef(big.open("fr", "v1")).stream().batch_iterator_fn())
+    assert len(first[0]) == 32
+
+
+def test_resumed_epoch_of_many_reads_then_full_epochs_match_yogadl(tmp_path: Path, small_first_reads: None) -> None:
     store = store_at(tmp_path)
     store.build("many", "v1", tf.data.Dataset.range(1500).map(lambda x: (x, tf.fill([3], x))))
     kwargs = {"start_offset": 450, "shuffle": True, "shuffle_seed": 3, "shard_rank": 1, "num_shards": 2}
@@ -478,7 +498,7 @@ def test_resumed_epoch_of_many_reads_then_full_epochs_match_yogadl(tmp_path: Pat
         assert values.tolist() == [index] * 3
 
 
-def test_an_abandoned_iterator_does_not_disturb_the_next_epoch(tmp_path: Path) -> None:
+def test_an_abandoned_iterator_does_not_disturb_the_next_epoch(tmp_path: Path, small_first_reads: None) -> None:
     store = store_at(tmp_path)
     store.build("ab", "v1", tf.data.Dataset.range(1000))
     stream = CacheDataRef(store.open("ab", "v1")).stream(shuffle=True, shuffle_seed=5)
@@ -494,7 +514,7 @@ def test_an_abandoned_iterator_does_not_disturb_the_next_epoch(tmp_path: Path) -
     del abandoned
 
 
-def test_two_iterators_interleaving_one_epoch_fail_with_a_message(tmp_path: Path) -> None:
+def test_two_iterators_interleaving_one_epoch_fail_with_a_message(tmp_path: Path, small_first_reads: None) -> None:
     store = store_at(tmp_path)
     store.build("two", "v1", tf.data.Dataset.range(1000))
     dataset = make_tf_dataset(CacheDataRef(store.open("two", "v1")).stream())

@@ -15,8 +15,10 @@ from yogacache.schedule import SHARD, EpochPlan, ReadSchedule
 # Records per read from LMDB; batches of large records are capped by bytes instead.
 READ_BATCH_RECORDS = 1024
 READ_BATCH_BYTES = 8 << 20
-# The first read of an epoch is small, so the first element arrives quickly.
+# The first read of an epoch is small, so the first element arrives quickly: 32 records, or
+# more while they fit in 1 MiB (a first consumer batch of small records takes one read).
 FIRST_READ_RECORDS = 32
+FIRST_READ_BYTES = 1 << 20
 
 
 class Stream:
@@ -175,16 +177,17 @@ class CacheDataRef(DataRef):
         cursor = _EpochCursor(schedule)
         reader = self.reader
         chunk = _chunk_size(reader)
+        first = _first_read_size(reader, chunk)
 
         def iterate_elements() -> Iterator[Any]:
-            for piece in _pieces(cursor.next_epoch(), chunk):
+            for piece in _pieces(cursor.next_epoch(), chunk, first):
                 yield from reader.read_elements(piece)
 
         batch_fn = None
         if reader.codec.stackable:
 
             def iterate_batches() -> Iterator[list[np.ndarray]]:
-                for piece in _pieces(cursor.next_epoch(), chunk):
+                for piece in _pieces(cursor.next_epoch(), chunk, first):
                     yield reader.read_columns(piece)
 
             batch_fn = iterate_batches
@@ -196,7 +199,7 @@ class CacheDataRef(DataRef):
             batch_iterator_fn=batch_fn,
             uniform_epochs=schedule.start[1] == 0,
             state_fn=lambda records: schedule.state(schedule.start, records),
-            max_batches=_count_pieces(len(schedule), chunk) if batch_fn is not None else None,
+            max_batches=_count_pieces(len(schedule), chunk, first) if batch_fn is not None else None,
         )
 
     def schedule(
@@ -226,24 +229,30 @@ class CacheDataRef(DataRef):
         )
 
 
-def _pieces(plan: EpochPlan, chunk: int) -> Iterator[np.ndarray]:
-    """Consecutive slices of ``plan``: small at first (the first element comes quickly),
-    doubling up to ``chunk`` records (throughput)."""
-    begin, size = 0, min(chunk, FIRST_READ_RECORDS)
+def _pieces(plan: EpochPlan, chunk: int, first: int) -> Iterator[np.ndarray]:
+    """Consecutive slices of ``plan``: ``first`` records at first (the first element comes
+    quickly), doubling up to ``chunk`` records (throughput)."""
+    begin, size = 0, first
     while begin < len(plan):
         yield plan.indices(begin, begin + size)
         begin += size
         size = min(chunk, size * 2)
 
 
-def _count_pieces(records: int, chunk: int) -> int:
+def _count_pieces(records: int, chunk: int, first: int) -> int:
     """How many slices ``_pieces`` cuts an epoch of ``records`` records into."""
-    count, begin, size = 0, 0, min(chunk, FIRST_READ_RECORDS)
+    count, begin, size = 0, 0, first
     while begin < records:
         count += 1
         begin += size
         size = min(chunk, size * 2)
     return count
+
+
+def _first_read_size(reader: CacheReader, chunk: int) -> int:
+    manifest = reader.manifest
+    average = max(1, manifest.num_bytes // max(1, manifest.num_records))
+    return min(chunk, max(FIRST_READ_RECORDS, FIRST_READ_BYTES // average))
 
 
 def _chunk_size(reader: CacheReader) -> int:

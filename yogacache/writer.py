@@ -159,7 +159,8 @@ class CacheWriter:
         if not batch:
             return
         count = len(batch)
-        size = sum(map(len, batch))
+        sizes = list(map(len, batch))
+        size = sum(sizes)
         max_records = self.limits.max_records
         max_bytes = self.limits.max_bytes
         if max_records is not None and self.num_records + count > max_records:
@@ -182,12 +183,24 @@ class CacheWriter:
         first = self.num_records
         # 8-byte big-endian keys for the whole batch in one numpy call.
         keys = np.arange(first, first + count, dtype=">u8").view("V8").tolist()
-        self._pending.extend(zip(keys, batch))
-        self._pending_bytes += size
         self.num_records += count
         self.num_bytes += size
-        if self._pending_bytes >= self._txn_bytes or len(self._pending) >= _TXN_RECORDS:
-            self._flush()
+        position = 0
+        while position < count:
+            # Up to the record that fills the transaction (parts roll at transaction ends).
+            take = min(count - position, _TXN_RECORDS - len(self._pending))
+            taken = sum(sizes[position : position + take])
+            if self._pending_bytes + taken >= self._txn_bytes:
+                taken, end = 0, position
+                while self._pending_bytes + taken < self._txn_bytes:
+                    taken += sizes[end]
+                    end += 1
+                take = end - position
+            self._pending.extend(zip(keys[position : position + take], batch[position : position + take]))
+            self._pending_bytes += taken
+            position += take
+            if self._pending_bytes >= self._txn_bytes or len(self._pending) >= _TXN_RECORDS:
+                self._flush()
         self.progress.update(self.num_records, self.num_bytes)
 
     def _open_part(self) -> None:
