@@ -97,7 +97,7 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
         "--ttfe-reps",
         type=int,
         default=None,
-        help="fresh processes per time-to-first-batch measurement; median reported (default 3, quick 1)",
+        help="fresh processes per time-to-first-batch measurement; median reported (default 5, quick 1)",
     )
     parser.add_argument(
         "--ttfe-cold",
@@ -125,7 +125,7 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     if args.read_reps is None:
         args.read_reps = 2 if args.quick else 5
     if args.ttfe_reps is None:
-        args.ttfe_reps = 1 if args.quick else 3
+        args.ttfe_reps = 1 if args.quick else 5
     if args.timeout is None:
         args.timeout = 300 if args.quick else 900
     return args

@@ -402,3 +402,16 @@ def test_records_limit_is_checked_per_batch_but_exactly(tmp_path: Path) -> None:
         over.build("lim", "v2", data)
     assert not over.exists("lim", "v2")
     assert leftovers(tmp_path) == []
+
+
+def test_large_records_across_parts_are_read_in_one_batch_exactly(tmp_path: Path) -> None:
+    rng = np.random.default_rng(4)
+    images = rng.integers(0, 255, (60, 20_000), dtype=np.uint8)  # >= 16 KiB: per-row decoding
+    store = make_store(tmp_path, part_size_bytes=300_000)
+    store.build("big", "v1", [(images[i], np.int64(i)) for i in range(60)])
+    assert len(store.manifest("big", "v1").parts) >= 4
+    reader = store.open("big", "v1")
+    order = rng.permutation(60)
+    columns = reader.read_columns(order)
+    assert columns[1].tolist() == order.tolist()
+    assert np.array_equal(columns[0], images[order])

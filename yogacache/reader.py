@@ -8,6 +8,7 @@ environments open read-only and lazily per process: a reader that crosses ``fork
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
@@ -168,29 +169,38 @@ class CacheReader:
             raise IndexError(f"record index out of range [0, {self.manifest.num_records})")
         envs = self._environments()
         if len(envs) == 1 or len(indices) == 0:
-            return self._read_part(envs[0], indices, consume) if envs else consume([])
+            return self._read_parts([(envs[0], indices, None)], len(indices), consume) if envs else consume([])
         owner = np.searchsorted(self._starts, indices, side="right") - 1
-        values: list[Any] = [b""] * len(indices)
+        reads: list[tuple[Any, np.ndarray, Optional[np.ndarray]]] = []
         for part_index in np.unique(owner):
             positions = np.nonzero(owner == part_index)[0]
-            copied = self._read_part(
-                envs[part_index], indices[positions], lambda vs: [bytes(v) for v in vs]
-            )
-            for position, value in zip(positions, copied):
-                values[position] = value
-        return consume(values)
+            reads.append((envs[part_index], indices[positions], positions))
+        return self._read_parts(reads, len(indices), consume)
 
-    def _read_part(self, env: Any, indices: np.ndarray, consume: Callable[[list[Any]], T]) -> T:
-        keys = indices.astype(">u8").view("V8").tolist()  # 8-byte big-endian keys, as bytes
+    def _read_parts(
+        self,
+        reads: list[tuple[Any, np.ndarray, Optional[np.ndarray]]],
+        count: int,
+        consume: Callable[[list[Any]], T],
+    ) -> T:
+        """Gathers buffers from one read transaction per part (all open at once, so no record
+        is copied) and hands them to ``consume`` in the order of the request."""
         try:
-            with env.begin(buffers=True) as txn:
-                get = txn.get
-                values = [get(key) for key in keys]
+            with contextlib.ExitStack() as stack:
+                values: list[Any] = [None] * count if reads[0][2] is not None else []
+                for env, indices, positions in reads:
+                    get = stack.enter_context(env.begin(buffers=True)).get
+                    keys = indices.astype(">u8").view("V8").tolist()  # 8-byte big-endian keys
+                    if positions is None:
+                        values = [get(key) for key in keys]
+                    else:
+                        for position, key in zip(positions.tolist(), keys):
+                            values[position] = get(key)
                 if None in values:
                     raise CorruptCacheError(
                         f"cache {self.directory} is missing records its manifest lists"
                     )
-                # Buffers point into the map and die with the transaction: consume them here.
+                # Buffers point into the maps and die with the transactions: consume them here.
                 return consume(values)
         except lmdb.Error as error:
             raise CorruptCacheError(f"reading {self.directory} failed: {error}") from error

@@ -41,6 +41,8 @@ from yogacache.errors import UnsupportedDatasetError
 
 _SOURCE_BATCH_BYTES = 8 << 20
 _SOURCE_BATCH_RECORDS = 1024
+_SOURCE_PREFETCH = 2  # batches
+_SOURCE_PREFETCH_ELEMENTS = 16  # elements of varying shapes (sizes unknown)
 _STRING_GUESS_BYTES = 64
 
 __all__ = ["make_tf_dataset", "spec_from_tf", "spec_to_tf", "TFDatasetSource"]
@@ -132,11 +134,13 @@ class TFDatasetSource:
         _keep_freed_memory()  # batch buffers are reused instead of page-faulted in each time
         if codec.stackable:
             size = max(1, min(_SOURCE_BATCH_RECORDS, _SOURCE_BATCH_BYTES // _record_bytes(spec)))
-            for batch in self._dataset.batch(size).as_numpy_iterator():
+            # prefetch: the source computes its next batches while this thread encodes and the
+            # writer thread commits (a decoding source and the writer then overlap).
+            for batch in self._dataset.batch(size).prefetch(_SOURCE_PREFETCH).as_numpy_iterator():
                 yield codec.encode_columns(flatten(batch, spec))
             return
         pending: list[bytes] = []
-        for element in self._dataset.as_numpy_iterator():
+        for element in self._dataset.prefetch(_SOURCE_PREFETCH_ELEMENTS).as_numpy_iterator():
             pending.append(codec.encode(flatten(element, spec)))
             if len(pending) >= _SOURCE_BATCH_RECORDS:
                 yield pending
