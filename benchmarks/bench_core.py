@@ -85,7 +85,7 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
         "--reps",
         type=int,
         default=None,
-        help="repetitions of each throughput measurement in its process; best reported (default 2, quick 1)",
+        help="repetitions of each throughput measurement in its process; best reported (default 3, quick 1)",
     )
     parser.add_argument(
         "--read-reps",
@@ -121,7 +121,7 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
         parser.error(f"unknown workloads: {', '.join(unknown)}")
     args.workload_list = wanted
     if args.reps is None:
-        args.reps = 1 if args.quick else 2
+        args.reps = 1 if args.quick else 3
     if args.read_reps is None:
         args.read_reps = 2 if args.quick else 5
     if args.ttfe_reps is None:

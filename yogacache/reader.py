@@ -116,11 +116,13 @@ class CacheReader:
             return {}
         return {name: _PROC_FDS / str(fd) for name, fd in self._fds.items()}
 
-    def _close_fds(self) -> None:
-        if self._fds_pid == os.getpid():
+    def _close_fds(self, _getpid: Callable[[], int] = os.getpid, _close: Callable[[int], None] = os.close) -> None:
+        # The functions are bound at definition: at interpreter exit (TensorFlow's function
+        # registry can keep a reader alive until then) the ``os`` global may already be None.
+        if self._fds_pid == _getpid():
             for fd in self._fds.values():
                 try:
-                    os.close(fd)
+                    _close(fd)
                 except OSError:
                     pass
         self._fds = {}

@@ -22,8 +22,10 @@ from yogacache.codec import (
     spec_leaves,
 )
 from yogacache.errors import UnsupportedDatasetError
+from yogacache.malloc import keep_freed_memory
 
 PYTHON_BATCH = 256
+PYTHON_BATCH_BYTES = 8 << 20  # large elements come in smaller batches (memory, page reuse)
 
 
 class RecordSource(Protocol):
@@ -76,10 +78,12 @@ class PythonSource:
             first = next(iterator)
         except StopIteration:
             return
+        keep_freed_memory()  # batch buffers are reused instead of page-faulted in each time
         spec = infer_spec(first)
         codec = RecordCodec(_open_spec(spec))
         fixed = RecordCodec(spec) if FixedLayout.applies(spec_leaves(spec)) else None
-        for batch in _chunks(itertools.chain([first], iterator), PYTHON_BATCH):
+        batch_size = max(1, min(PYTHON_BATCH, PYTHON_BATCH_BYTES // max(1, _element_bytes(first))))
+        for batch in _chunks(itertools.chain([first], iterator), batch_size):
             if fixed is not None:  # spec only changes once fixed is dropped
                 encoded = _encode_stacked(fixed, spec, batch)
                 if encoded is not None:
@@ -106,6 +110,16 @@ def _encode_stacked(codec: RecordCodec, spec: Spec, batch: list[Any]) -> Optiona
         return None
     encoded = codec.layout.encode_stacked(rows)
     return encoded if encoded is not None else codec.layout.encode_rows(rows)
+
+
+def _element_bytes(element: Any) -> int:
+    """About how many bytes ``element`` holds (arrays by size, anything else counts 64)."""
+    if isinstance(element, dict):
+        return sum(_element_bytes(value) for value in element.values())
+    if isinstance(element, (tuple, list)):
+        return sum(_element_bytes(value) for value in element)
+    nbytes = getattr(element, "nbytes", None)
+    return int(nbytes) if isinstance(nbytes, int) else 64
 
 
 def _chunks(iterable: Iterable[Any], size: int) -> Iterator[list[Any]]:

@@ -8,10 +8,7 @@ epoch) and lets ``unbatch`` split them in C++, instead of one Python call per re
 from __future__ import annotations
 
 import atexit
-import ctypes
 import math
-import os
-import sys
 import threading
 import time
 from typing import Any, Iterator, Optional
@@ -38,6 +35,7 @@ from yogacache.codec import (
 )
 from yogacache.dataref import Stream
 from yogacache.errors import UnsupportedDatasetError
+from yogacache.malloc import keep_freed_memory
 
 _SOURCE_BATCH_BYTES = 8 << 20
 _SOURCE_BATCH_RECORDS = 1024
@@ -131,7 +129,7 @@ class TFDatasetSource:
 
     def encoded_batches(self) -> Iterator[list[bytes]]:
         spec, codec = self._spec, self._codec
-        _keep_freed_memory()  # batch buffers are reused instead of page-faulted in each time
+        keep_freed_memory()  # batch buffers are reused instead of page-faulted in each time
         if codec.stackable:
             size = max(1, min(_SOURCE_BATCH_RECORDS, _SOURCE_BATCH_BYTES // _record_bytes(spec)))
             # prefetch: the source computes its next batches while this thread encodes and the
@@ -147,29 +145,6 @@ class TFDatasetSource:
                 pending = []
         if pending:
             yield pending
-
-
-_M_TRIM_THRESHOLD = -1
-_M_MMAP_THRESHOLD = -3
-
-
-def _keep_freed_memory() -> None:
-    """Lets glibc reuse freed batch buffers instead of returning them to the kernel.
-
-    With glibc's defaults in a TensorFlow process, multi-megabyte batch buffers are mapped
-    per allocation and unmapped when freed, so each one is page-faulted in again; on virtual
-    machines those faults cost more than decoding (or encoding, when building). Raising the mmap and trim
-    thresholds keeps the buffers in the heap (freed memory is kept up to 256 MiB). Set
-    ``YOGACACHE_MALLOC_TUNING=0`` to leave malloc alone.
-    """
-    if os.environ.get("YOGACACHE_MALLOC_TUNING", "1") == "0" or not sys.platform.startswith("linux"):
-        return
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-        libc.mallopt(_M_MMAP_THRESHOLD, 64 << 20)
-        libc.mallopt(_M_TRIM_THRESHOLD, 256 << 20)
-    except (OSError, AttributeError):  # not glibc
-        pass
 
 
 # At interpreter exit, a live iterator's prefetch thread may still be calling our generator
@@ -220,7 +195,7 @@ class _BatchPuller:
         index = int(index)
         with self._lock:
             if index == 0:
-                _keep_freed_memory()
+                keep_freed_memory()
                 self._batches = _until_exit(self._batch_fn())
             elif index != self._next:
                 raise RuntimeError(
@@ -268,7 +243,7 @@ def make_tf_dataset(stream: Stream) -> tf.data.Dataset:
     elif spec is not None and batch_fn is not None:
 
         def batches() -> Iterator[Any]:
-            _keep_freed_memory()
+            keep_freed_memory()
             for columns in _until_exit(batch_fn()):
                 yield unflatten(columns, spec)
 
