@@ -262,10 +262,7 @@ class CacheWriter:
                 log.debug("growing LMDB map of %s to %d bytes", self.directory, new_size)
                 self._env.set_mapsize(new_size)
             except lmdb.Error as error:
-                raise BuildError(
-                    f"writing {self.dataset_id}:{self.dataset_version} to {self.directory} "
-                    f"failed: {self._explain(error)}; nothing was cached"
-                ) from error
+                raise self._write_error(error) from error
         self._written += len(pending)
         self._part_bytes += size
         self._unsynced += size
@@ -293,10 +290,13 @@ class CacheWriter:
         try:
             self._env.sync(True)
         except lmdb.Error as error:
-            raise BuildError(
-                f"writing {self.dataset_id}:{self.dataset_version} to {self.directory} "
-                f"failed: {self._explain(error)}; nothing was cached"
-            ) from error
+            raise self._write_error(error) from error
+
+    def _write_error(self, error: BaseException) -> BuildError:
+        return BuildError(
+            f"writing {self.dataset_id}:{self.dataset_version} to {self.directory} "
+            f"failed: {self._explain(error)}; nothing was cached"
+        )
 
     def _explain(self, error: BaseException) -> str:
         """LMDB reports a short write as EIO: say when the disk or the file-size limit is the cause."""
