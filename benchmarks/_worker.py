@@ -261,6 +261,17 @@ def task_lmdb_append(p: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _read_pipeline(ref: Any, adapter: Any) -> tuple[Any, Any]:
+    """The measured consumer: shard 0 of 2, shuffled, ``make_tf_dataset(...).batch(256).prefetch(2)``."""
+    stream = ref.stream(
+        shuffle=True,
+        shuffle_seed=_data.SHUFFLE_SEED,
+        shard_rank=_data.SHARD_RANK,
+        num_shards=_data.NUM_SHARDS,
+    )
+    return stream, adapter.make_tf_dataset(stream).batch(_data.BATCH).prefetch(_data.PREFETCH)
+
+
 def task_read(p: dict[str, Any]) -> dict[str, Any]:
     """Shuffled, sharded read: ``make_tf_dataset(stream).batch(256).prefetch(2)`` to the end.
 
@@ -279,13 +290,7 @@ def task_read(p: dict[str, Any]) -> dict[str, Any]:
 
     def one_pass() -> tuple[float, int]:
         t1 = time.perf_counter()
-        stream = ref.stream(
-            shuffle=True,
-            shuffle_seed=_data.SHUFFLE_SEED,
-            shard_rank=_data.SHARD_RANK,
-            num_shards=_data.NUM_SHARDS,
-        )
-        ds = adapter.make_tf_dataset(stream).batch(_data.BATCH).prefetch(_data.PREFETCH)
+        stream, ds = _read_pipeline(ref, adapter)
         count = _consume(ds)
         dt = time.perf_counter() - t1
         if count != len(stream):
@@ -411,14 +416,7 @@ def task_ttfe(p: dict[str, Any]) -> dict[str, Any]:
         def make() -> Any:
             raise RuntimeError("cache miss: the cache should already exist")
 
-        ref = make()
-        stream = ref.stream(
-            shuffle=True,
-            shuffle_seed=_data.SHUFFLE_SEED,
-            shard_rank=_data.SHARD_RANK,
-            num_shards=_data.NUM_SHARDS,
-        )
-        ds = adapter.make_tf_dataset(stream).batch(_data.BATCH).prefetch(_data.PREFETCH)
+        _, ds = _read_pipeline(make(), adapter)
         first = next(iter(ds))
         dt = time.perf_counter() - t0
     return {"seconds": dt, "ms": dt * 1000.0, "first_batch": _batch_len(first)}

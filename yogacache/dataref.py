@@ -229,38 +229,51 @@ class CacheDataRef(DataRef):
         )
 
 
+def _piece_sizes(chunk: int, first: int) -> Iterator[int]:
+    """Records per read in an epoch: ``first`` (the first element comes quickly), doubling up
+    to ``chunk`` records (throughput), then ``chunk`` for good."""
+    size = first
+    while True:
+        yield size
+        size = min(chunk, size * 2)
+
+
 def _pieces(plan: EpochPlan, chunk: int, first: int) -> Iterator[np.ndarray]:
-    """Consecutive slices of ``plan``: ``first`` records at first (the first element comes
-    quickly), doubling up to ``chunk`` records (throughput)."""
-    begin, size = 0, first
-    while begin < len(plan):
+    """Consecutive slices of ``plan``, sized by ``_piece_sizes``."""
+    begin = 0
+    for size in _piece_sizes(chunk, first):
+        if begin >= len(plan):
+            return
         yield plan.indices(begin, begin + size)
         begin += size
-        size = min(chunk, size * 2)
 
 
 def _count_pieces(records: int, chunk: int, first: int) -> int:
     """How many slices ``_pieces`` cuts an epoch of ``records`` records into."""
-    count, begin, size = 0, 0, first
-    while begin < records:
+    count = begin = 0
+    for size in _piece_sizes(chunk, first):
+        if begin >= records:
+            return count
+        if size == chunk:  # only whole chunks from here on
+            return count - (-(records - begin) // chunk)
         count += 1
         begin += size
-        size = min(chunk, size * 2)
-    return count
+    return count  # unreachable: the sizes never end
+
+
+def _average_record_bytes(reader: CacheReader) -> int:
+    manifest = reader.manifest
+    return max(1, manifest.num_bytes // max(1, manifest.num_records))
 
 
 def _first_read_size(reader: CacheReader, chunk: int) -> int:
-    manifest = reader.manifest
-    average = max(1, manifest.num_bytes // max(1, manifest.num_records))
-    return min(chunk, max(FIRST_READ_RECORDS, FIRST_READ_BYTES // average))
+    return min(chunk, max(FIRST_READ_RECORDS, FIRST_READ_BYTES // _average_record_bytes(reader)))
 
 
 def _chunk_size(reader: CacheReader) -> int:
-    manifest = reader.manifest
-    if manifest.num_records == 0:
+    if reader.manifest.num_records == 0:
         return READ_BATCH_RECORDS
-    average = max(1, manifest.num_bytes // manifest.num_records)
-    return int(max(1, min(READ_BATCH_RECORDS, READ_BATCH_BYTES // average)))
+    return int(max(1, min(READ_BATCH_RECORDS, READ_BATCH_BYTES // _average_record_bytes(reader))))
 
 
 class Storage(metaclass=abc.ABCMeta):

@@ -22,7 +22,6 @@ from yogacache.codec import (
     spec_leaves,
 )
 from yogacache.errors import UnsupportedDatasetError
-from yogacache.malloc import keep_freed_memory
 
 PYTHON_BATCH = 256
 PYTHON_BATCH_BYTES = 8 << 20  # large elements come in smaller batches (memory, page reuse)
@@ -78,7 +77,6 @@ class PythonSource:
             first = next(iterator)
         except StopIteration:
             return
-        keep_freed_memory()  # batch buffers are reused instead of page-faulted in each time
         spec = infer_spec(first)
         codec = RecordCodec(_open_spec(spec))
         fixed = RecordCodec(spec) if FixedLayout.applies(spec_leaves(spec)) else None

@@ -129,7 +129,6 @@ class TFDatasetSource:
 
     def encoded_batches(self) -> Iterator[list[bytes]]:
         spec, codec = self._spec, self._codec
-        keep_freed_memory()  # batch buffers are reused instead of page-faulted in each time
         if codec.stackable:
             size = max(1, min(_SOURCE_BATCH_RECORDS, _SOURCE_BATCH_BYTES // _record_bytes(spec)))
             # prefetch: the source computes its next batches while this thread encodes and the
