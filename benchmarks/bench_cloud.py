@@ -34,8 +34,8 @@ import numpy as np
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from yogacache.remote.s3 import S3ObjectStore  # noqa: E402
-from yogacache.remote.sync import RemoteCacheStore  # noqa: E402
+from yogacache.backends.s3 import S3ObjectStore  # noqa: E402
+from yogacache.store.remote import RemoteCacheStore  # noqa: E402
 
 IMAGE = (184, 184, 3)
 RECORD_BYTES = int(np.prod(IMAGE)) + 8

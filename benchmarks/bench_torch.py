@@ -78,7 +78,7 @@ def log(message: str) -> None:
 
 
 def yogacache_build(directory: str, workload: str, records: int) -> dict[str, Any]:
-    from yogacache.store import CacheStore
+    from yogacache.store.local import CacheStore
 
     images, labels = _data.make_arrays(records, _data.WORKLOADS[workload]["shape"])
     start = time.perf_counter()
@@ -92,7 +92,7 @@ def yogacache_read(
     import torch
 
     from yogacache.dataref import CacheDataRef
-    from yogacache.store import CacheStore
+    from yogacache.store.local import CacheStore
     from yogacache.torch import CacheDataLoader, CacheIterableDataset
 
     expected_labels = int(_data.make_arrays(records, _data.WORKLOADS[workload]["shape"])[1].sum())

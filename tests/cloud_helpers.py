@@ -20,7 +20,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from yogacache.remote.objects import ObjectInfo, ObjectStore, ProgressCallback, RetryPolicy
+from yogacache.backends.base import ObjectInfo, ObjectStore, ProgressCallback, RetryPolicy
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -129,8 +129,8 @@ class HttpRequests:
         self.sent: list[str] = []
 
     def attach(self, store: Any) -> HttpRequests:
-        from yogacache.remote.gcs import GCSObjectStore
-        from yogacache.remote.s3 import S3ObjectStore
+        from yogacache.backends.gcs import GCSObjectStore
+        from yogacache.backends.s3 import S3ObjectStore
 
         if isinstance(store, S3ObjectStore):
 
@@ -170,10 +170,10 @@ class Cloud:
 
     def store(self, bucket: str, prefix: str = "", retry: RetryPolicy = RetryPolicy()) -> Any:
         if self.kind == "s3":
-            from yogacache.remote.s3 import S3ObjectStore
+            from yogacache.backends.s3 import S3ObjectStore
 
             return S3ObjectStore(bucket, prefix, endpoint_url=self.server.endpoint_url, retry=retry)
-        from yogacache.remote.gcs import GCSObjectStore
+        from yogacache.backends.gcs import GCSObjectStore
 
         return GCSObjectStore(bucket, prefix, retry=retry)  # STORAGE_EMULATOR_HOST is set
 

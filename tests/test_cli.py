@@ -18,10 +18,10 @@ from typing import Any, Optional
 import numpy as np
 import pytest
 
-from yogacache.manifest import Manifest
+from yogacache.format.manifest import Manifest
+from yogacache.format.writer import CacheWriter
 from yogacache.progress import Progress, format_bytes
-from yogacache.store import CacheStore
-from yogacache.writer import CacheWriter
+from yogacache.store.local import CacheStore
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -423,7 +423,7 @@ def test_progress_disabled_is_silent(caplog: pytest.LogCaptureFixture) -> None:
 
 def test_long_build_logs_progress(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     """A build driven through CacheWriter reports progress as it goes, not only at the end."""
-    from yogacache.sources import PythonSource
+    from yogacache.format.sources import PythonSource
 
     source = PythonSource({"i": np.int64(i), "x": np.zeros(64, np.float32)} for i in range(3000))
     with caplog.at_level(logging.INFO, logger="yogacache.progress"):

@@ -18,9 +18,8 @@ from typing import Any, Optional
 import pytest
 
 from tests.cloud_helpers import Cloud, dataset, expected_keys, python_env, reader_keys
-from yogacache.manifest import MANIFEST_NAME, Manifest
-from yogacache.remote import RemoteCacheStore
-from yogacache.remote.sync import LOCAL_CACHE_DIR
+from yogacache.format.manifest import MANIFEST_NAME, Manifest
+from yogacache.store.remote import LOCAL_CACHE_DIR, RemoteCacheStore
 
 PREFIX = "caches"
 

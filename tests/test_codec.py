@@ -13,17 +13,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from yogacache.codec import (
-    FixedLayout,
-    RecordCodec,
-    TensorSpec,
-    flatten,
-    infer_spec,
-    spec_from_json,
-    spec_to_json,
-    unflatten,
-)
 from yogacache.errors import CorruptCacheError, UnsupportedDatasetError
+from yogacache.format.codec import RecordCodec
+from yogacache.format.layout import FixedLayout
+from yogacache.format.spec import TensorSpec, flatten, infer_spec, spec_from_json, spec_to_json, unflatten
 
 NUMERIC_DTYPES = [
     "bool",
@@ -269,7 +262,7 @@ FIXED_SPEC = {
 
 
 def fixed_batch(count: int, seed: int = 0) -> list[np.ndarray]:
-    from yogacache.codec import spec_leaves
+    from yogacache.format.spec import spec_leaves
 
     return [
         sample_array(leaf.dtype, (count, *leaf.shape), seed=seed + i)
@@ -421,7 +414,7 @@ def test_well_formed_msgpack_of_the_wrong_shape_gives_corrupt_cache_error(
 def test_records_with_bad_shapes_give_corrupt_cache_error(
     spec_index: int, shape: list[int], count: int
 ) -> None:
-    from yogacache.codec import spec_leaves
+    from yogacache.format.spec import spec_leaves
 
     spec = SPECS_FOR_GARBAGE[spec_index]
     leaves = []
@@ -547,12 +540,21 @@ def test_msgpack_extension_types_are_refused() -> None:
 
 
 def test_codec_modules_do_not_use_pickle() -> None:
-    import yogacache.codec
-    import yogacache.manifest
-    import yogacache.reader
-    import yogacache.writer
+    import yogacache.format.codec
+    import yogacache.format.layout
+    import yogacache.format.manifest
+    import yogacache.format.spec
+    import yogacache.format.writer
+    import yogacache.read.reader
 
-    for module in (yogacache.codec, yogacache.reader, yogacache.writer, yogacache.manifest):
+    for module in (
+        yogacache.format.codec,
+        yogacache.format.layout,
+        yogacache.format.spec,
+        yogacache.read.reader,
+        yogacache.format.writer,
+        yogacache.format.manifest,
+    ):
         assert "pickle" not in vars(module), module.__name__
         source = Path(module.__file__).read_text()
         assert "import pickle" not in source and "pickle.loads" not in source, module.__name__
@@ -595,7 +597,7 @@ def test_stacked_encoding_refuses_rows_it_would_have_to_convert(odd: tuple[Any, 
 
 
 def test_flattener_matches_flatten_and_checks_structure() -> None:
-    from yogacache.codec import flattener
+    from yogacache.format.spec import flattener
 
     for element in [(np.int64(1), np.zeros(2)), {"b": np.int64(1), "a": np.zeros(2)}, {"a": (np.int64(1),)}]:
         spec = infer_spec(element)

@@ -20,7 +20,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from yogacache.store import CacheStore
+from yogacache.store.local import CacheStore
 
 REPO = Path(__file__).resolve().parent.parent
 DEADLINE = 120.0

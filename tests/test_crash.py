@@ -24,9 +24,9 @@ import numpy as np
 import pytest
 
 from yogacache import CacheNotFoundError
-from yogacache.manifest import Manifest
+from yogacache.format.manifest import Manifest
 from yogacache.storage import LFSConfigurations, LFSStorage
-from yogacache.store import CacheStore
+from yogacache.store.local import CacheStore
 
 REPO = Path(__file__).resolve().parent.parent
 DATASET, VERSION = "crash", "v1"
@@ -41,7 +41,7 @@ BUILDER = textwrap.dedent(
     """
     import os, sys
     import numpy as np
-    from yogacache.store import CacheStore
+    from yogacache.store.local import CacheStore
 
     root, n, every, progress, mode = sys.argv[1:6]
     n, every = int(n), int(every)

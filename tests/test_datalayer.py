@@ -20,7 +20,7 @@ import tensorflow as tf
 import yogacache
 from yogacache import ConfigError, DataLayer
 from yogacache.config import S3Config, SharedFSConfig, parse_config
-from yogacache.store import CacheStore
+from yogacache.store.local import CacheStore
 
 N = 23  # records in the test dataset
 S = 4  # shards: 23 % 4 == 3 records of remainder for training

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from yogacache.store import CacheStore
+from yogacache.store.local import CacheStore
 
 REPO = Path(__file__).resolve().parent.parent
 DATASET, VERSION = "big", "v1"
@@ -36,7 +36,7 @@ CHILD = textwrap.dedent(
     import json, os, resource, signal, sys
     import numpy as np
     import yogacache
-    from yogacache.store import CacheStore
+    from yogacache.store.local import CacheStore
 
     root, n, size, limit = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
     if limit:
@@ -62,7 +62,7 @@ TMPFS_SCENARIO = textwrap.dedent(
     """
     import json, os, shutil, subprocess, sys
     import numpy as np
-    from yogacache.store import CacheStore
+    from yogacache.store.local import CacheStore
 
     child, root = sys.argv[1], sys.argv[2]
     report = {}

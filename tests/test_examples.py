@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from yogacache.store import CacheStore
+from yogacache.store.local import CacheStore
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 

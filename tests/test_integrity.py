@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 
 from yogacache.errors import CacheNotFoundError, CorruptCacheError, IncompatibleCacheError
-from yogacache.integrity import VERIFIED_STAMP
-from yogacache.manifest import MANIFEST_NAME
+from yogacache.format.integrity import VERIFIED_STAMP
+from yogacache.format.manifest import MANIFEST_NAME
 from yogacache.storage import LFSConfigurations, LFSStorage
-from yogacache.store import CacheStore
+from yogacache.store.local import CacheStore
 
 REPO = Path(__file__).resolve().parent.parent
 N = 20_000  # enough int64 records for several parts with a small part size
@@ -249,7 +249,7 @@ READ_SCRIPT = textwrap.dedent(
     """
     import sys
     import numpy as np
-    from yogacache.store import CacheStore
+    from yogacache.store.local import CacheStore
     from yogacache.dataref import CacheDataRef
     from yogacache.errors import YogaCacheError
 
@@ -331,7 +331,7 @@ LATE_DAMAGE_SCRIPT = textwrap.dedent(
     import os, sys
     from pathlib import Path
     import numpy as np
-    from yogacache.store import CacheStore
+    from yogacache.store.local import CacheStore
     from yogacache.dataref import CacheDataRef
     from yogacache.errors import YogaCacheError
 

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from yogacache.permutation import KeyedPermutation
+from yogacache.read.permutation import KeyedPermutation
 
 REPO = Path(__file__).resolve().parent.parent
 TIMEOUT = 150

@@ -19,7 +19,7 @@ import pytest
 import yogacache
 from yogacache import InvalidNameError, cli
 from yogacache.storage import LFSConfigurations, LFSStorage
-from yogacache.store import CacheStore
+from yogacache.store.local import CacheStore
 
 INVALID_NAMES: list[Any] = [
     "",

@@ -20,9 +20,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from yogacache.dataref import CacheDataRef
-from yogacache.permutation import KeyedPermutation
-from yogacache.schedule import ReadSchedule, ResumeState
-from yogacache.store import CacheStore
+from yogacache.read.permutation import KeyedPermutation
+from yogacache.read.schedule import ReadSchedule, ResumeState
+from yogacache.store.local import CacheStore
 
 SEEDS = st.integers(min_value=-(2**63), max_value=2**64)
 

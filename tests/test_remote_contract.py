@@ -20,10 +20,10 @@ from typing import Any, Callable
 import pytest
 
 from tests.cloud_helpers import FAST_RETRY, Cloud, unique
-from yogacache.remote import object_store_from_url
-from yogacache.remote.files import FileObjectStore
-from yogacache.remote.lease import Lease
-from yogacache.remote.objects import ObjectStore, RemoteError
+from yogacache.backends.base import ObjectStore, RemoteError
+from yogacache.backends.files import FileObjectStore
+from yogacache.backends.registry import open_backend
+from yogacache.store.lease import Lease
 
 
 @dataclass
@@ -270,7 +270,7 @@ def test_fake_gcs_cannot_serve_a_ranged_read_of_an_empty_object(gcs_server: Any)
     """
     from google.api_core import exceptions as gexc
 
-    from yogacache.remote.gcs import GCSObjectStore
+    from yogacache.backends.gcs import GCSObjectStore
 
     client = gcs_server.client()
     bucket = client.bucket(gcs_server.new_bucket())
@@ -310,7 +310,7 @@ def test_fake_gcs_does_not_say_which_is_missing_bucket_or_object(gcs_server: Any
     bucket as a missing object on the emulator. Tests that need the distinction use S3."""
     from google.api_core import exceptions as gexc
 
-    from yogacache.remote.gcs import GCSObjectStore
+    from yogacache.backends.gcs import GCSObjectStore
 
     client = gcs_server.client()
     with pytest.raises(gexc.NotFound) as raised:
@@ -321,7 +321,7 @@ def test_fake_gcs_does_not_say_which_is_missing_bucket_or_object(gcs_server: Any
 
 def test_unreachable_endpoint_is_an_error_not_an_absent_object(s3_server: Any) -> None:
     from tests.servers import free_port
-    from yogacache.remote.s3 import S3ObjectStore
+    from yogacache.backends.s3 import S3ObjectStore
 
     store = S3ObjectStore(
         "b",
@@ -340,11 +340,11 @@ def test_unreachable_endpoint_is_an_error_not_an_absent_object(s3_server: Any) -
 
 def test_boto3_honours_aws_endpoint_url(s3_server: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """No endpoint given: the standard AWS_ENDPOINT_URL variable points boto3 at the server."""
-    from yogacache.remote.s3 import S3ObjectStore
+    from yogacache.backends.s3 import S3ObjectStore
 
     bucket = s3_server.new_bucket()
     monkeypatch.setenv("AWS_ENDPOINT_URL", s3_server.endpoint_url)
-    store = object_store_from_url(f"s3://{bucket}/some/prefix")
+    store = open_backend(f"s3://{bucket}/some/prefix")
     assert isinstance(store, S3ObjectStore)
     store.write("k", b"through AWS_ENDPOINT_URL")
     raw = s3_server.client().get_object(Bucket=bucket, Key="some/prefix/k")["Body"].read()
@@ -353,11 +353,11 @@ def test_boto3_honours_aws_endpoint_url(s3_server: Any, monkeypatch: pytest.Monk
 
 def test_gcs_client_honours_storage_emulator_host(gcs_server: Any) -> None:
     """GCSObjectStore builds its own default client; STORAGE_EMULATOR_HOST points it at the emulator."""
-    from yogacache.remote.gcs import GCSObjectStore
+    from yogacache.backends.gcs import GCSObjectStore
 
     assert os.environ["STORAGE_EMULATOR_HOST"] == gcs_server.url
     bucket = gcs_server.new_bucket()
-    store = object_store_from_url(f"gs://{bucket}/some/prefix")
+    store = open_backend(f"gs://{bucket}/some/prefix")
     assert isinstance(store, GCSObjectStore)
     store.write("k", b"through the emulator")
     raw = gcs_server.client().bucket(bucket).blob("some/prefix/k").download_as_bytes()
@@ -428,7 +428,7 @@ def test_lease_release_does_not_need_conditional_delete(gcs_server: Any) -> None
     """On the emulator that ignores conditional DELETE, releasing a lease that another node has
     meanwhile taken over leaves the other node's lease intact: release is a write conditional
     on the releaser's own generation (enforced by the emulator), never a delete."""
-    from yogacache.remote.gcs import GCSObjectStore
+    from yogacache.backends.gcs import GCSObjectStore
 
     bucket = gcs_server.new_bucket()
     store = GCSObjectStore(bucket, "caches")

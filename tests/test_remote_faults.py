@@ -29,12 +29,13 @@ import numpy as np
 import pytest
 
 from tests.faultproxy import FaultProxy, gcs_error_body
+from yogacache.backends.base import RemoteError, RetryPolicy
+from yogacache.backends.gcs import GCSObjectStore
+from yogacache.backends.s3 import S3ObjectStore
 from yogacache.errors import CacheNotFoundError, CorruptCacheError
-from yogacache.manifest import MANIFEST_NAME, Manifest
-from yogacache.remote import RemoteCacheStore, RemoteError, RetryPolicy
-from yogacache.remote.gcs import GCSObjectStore
-from yogacache.remote.s3 import S3ObjectStore
-from yogacache.writer import leftovers_of
+from yogacache.format.durability import leftovers_of
+from yogacache.format.manifest import MANIFEST_NAME, Manifest
+from yogacache.store.remote import RemoteCacheStore
 
 PREFIX = "caches"
 DS, VER = "faults", "v1"

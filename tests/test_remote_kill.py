@@ -31,12 +31,12 @@ import numpy as np
 import pytest
 
 from tests.faultproxy import FaultProxy
+from yogacache.backends.base import RetryPolicy
+from yogacache.backends.s3 import S3ObjectStore
 from yogacache.errors import CacheNotFoundError
-from yogacache.manifest import MANIFEST_NAME, Manifest
-from yogacache.remote import RemoteCacheStore, RetryPolicy
-from yogacache.remote.s3 import S3ObjectStore
-from yogacache.remote.sync import LEASE_NAME, LOCAL_CACHE_DIR
-from yogacache.writer import leftovers_of
+from yogacache.format.durability import leftovers_of
+from yogacache.format.manifest import MANIFEST_NAME, Manifest
+from yogacache.store.remote import LEASE_NAME, LOCAL_CACHE_DIR, RemoteCacheStore
 
 REPO = Path(__file__).resolve().parent.parent
 PREFIX = "caches"
@@ -51,8 +51,9 @@ NODE = textwrap.dedent(
     """
     import sys
     import numpy as np
-    from yogacache.remote import RemoteCacheStore, RetryPolicy
-    from yogacache.remote.s3 import S3ObjectStore
+    from yogacache.store.remote import RemoteCacheStore
+    from yogacache.backends.base import RetryPolicy
+    from yogacache.backends.s3 import S3ObjectStore
 
     mode, bucket, endpoint, root, done, n, offset = sys.argv[1:8]
     n, offset = int(n), int(offset)

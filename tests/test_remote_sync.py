@@ -35,12 +35,12 @@ from tests.cloud_helpers import (
     start_python,
     unique,
 )
+from yogacache.backends.base import RemoteError
 from yogacache.errors import CorruptCacheError, YogaCacheError
-from yogacache.manifest import MANIFEST_NAME, Manifest
-from yogacache.remote import RemoteCacheStore, RemoteError
-from yogacache.remote.lease import Lease
-from yogacache.remote.sync import LEASE_NAME, LOCAL_CACHE_DIR, BuildWaitTimeoutError
-from yogacache.sources import source_for
+from yogacache.format.manifest import MANIFEST_NAME, Manifest
+from yogacache.format.sources import source_for
+from yogacache.store.lease import Lease
+from yogacache.store.remote import LEASE_NAME, LOCAL_CACHE_DIR, BuildWaitTimeoutError, RemoteCacheStore
 
 PREFIX = "caches/team"
 
@@ -347,7 +347,7 @@ def test_stale_lease_is_taken_over(site: Site, caplog: pytest.LogCaptureFixture)
     stale = {"owner": "dead-node:4242", "build_id": "abandoned", "expires_at": time.time() - 600}
     site.objects().write(f"ds/v1/{LEASE_NAME}", json.dumps(stale).encode())
     make = Builds(dataset())
-    with caplog.at_level(logging.WARNING, logger="yogacache.remote.lease"):
+    with caplog.at_level(logging.WARNING, logger="yogacache.store.lease"):
         reader = site.node("node-a", wait_timeout=30).get_or_build("ds", "v1", make)
     assert make.calls == 1
     assert reader_keys(reader) == expected_keys()

@@ -12,8 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from yogacache.dataref import CacheDataRef
-from yogacache.sampler import ShardOrder, shard_indices
-from yogacache.store import CacheStore
+from yogacache.read.sampler import ShardOrder, shard_indices
+from yogacache.store.local import CacheStore
 
 EPOCHS = 4
 

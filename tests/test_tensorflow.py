@@ -16,7 +16,7 @@ import yogadl
 import yogacache
 from yogacache.dataref import CacheDataRef
 from yogacache.errors import UnsupportedDatasetError
-from yogacache.store import CacheStore
+from yogacache.store.local import CacheStore
 from yogacache.tensorflow import make_tf_dataset
 
 NUMERIC_DTYPES = [
@@ -527,7 +527,7 @@ def test_two_iterators_interleaving_one_epoch_fail_with_a_message(tmp_path: Path
 
 
 def test_batches_beyond_max_batches_are_not_dropped() -> None:
-    spec = yogacache.codec.TensorSpec("int64", ())
+    spec = yogacache.format.spec.TensorSpec("int64", ())
 
     def batches() -> Iterator[list[np.ndarray]]:
         for start in range(0, 50, 10):

@@ -18,7 +18,7 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset, TensorDataset
 
 from yogacache import DataLayer
 from yogacache.dataref import CacheDataRef
-from yogacache.store import CacheStore
+from yogacache.store.local import CacheStore
 from yogacache.torch import CacheDataLoader, CacheDataset, CacheIterableDataset
 
 REPO = Path(__file__).resolve().parent.parent

@@ -16,13 +16,14 @@ import pytest
 import tensorflow as tf
 
 import yogacache
-from yogacache.codec import RecordCodec, TensorSpec, infer_spec
 from yogacache.dataref import CacheDataRef
 from yogacache.errors import CacheLimitExceededError, UnsupportedDatasetError
-from yogacache.manifest import MANIFEST_NAME, Manifest
-from yogacache.reader import CacheReader
-from yogacache.store import CacheStore
-from yogacache.writer import BuildLimits, CacheWriter
+from yogacache.format.codec import RecordCodec
+from yogacache.format.manifest import MANIFEST_NAME, Manifest
+from yogacache.format.spec import TensorSpec, infer_spec
+from yogacache.format.writer import BuildLimits, CacheWriter
+from yogacache.read.reader import CacheReader
+from yogacache.store.local import CacheStore
 
 
 def make_store(root: Path, **kwargs: Any) -> CacheStore:
@@ -371,12 +372,13 @@ def test_leftovers_of_a_crashed_build_are_cleaned_on_next_build(tmp_path: Path) 
 def test_early_writeback_during_a_build_keeps_every_record(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kernel_writeback: bool
 ) -> None:
-    import yogacache.writer as writer_module
+    import yogacache.format.durability as durability
+    import yogacache.format.writer as writer_module
 
     monkeypatch.setattr(writer_module, "_TXN_BYTES", 64 << 10)  # many transactions
     monkeypatch.setattr(writer_module, "_WRITEBACK_EVERY_BYTES", 4096)
     if not kernel_writeback:
-        monkeypatch.setattr(writer_module, "_sync_file_range", None)
+        monkeypatch.setattr(durability, "_sync_file_range", None)
     calls = []
     original = writer_module.CacheWriter._start_writeback
     monkeypatch.setattr(

@@ -6,7 +6,7 @@ only by the modules that need them.
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
+from yogacache.version import __version__  # noqa: E402
 
 from yogacache.datalayer import DataLayer  # noqa: E402
 from yogacache.dataref import CacheDataRef, DataRef, Storage, Stream  # noqa: E402

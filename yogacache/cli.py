@@ -8,40 +8,24 @@ import json
 import logging
 import os
 import sys
-from pathlib import Path
-from typing import Any, Optional, Sequence, Union
+from typing import Any, Optional, Sequence
 
-from yogacache import __version__
-from yogacache.config import load_config_file
-from yogacache.datalayer import make_store
 from yogacache.errors import ConfigError, YogaCacheError
-from yogacache.manifest import Manifest
+from yogacache.format.manifest import Manifest
 from yogacache.progress import format_bytes
-from yogacache.remote.sync import RemoteCacheStore
-from yogacache.store import CacheStore, default_cache_root
+from yogacache.store import CacheEntry, Store, open_store
+from yogacache.store.local import default_cache_root
+from yogacache.version import __version__
 
 STORAGE_ENV = "YOGACACHE_STORAGE"
 
 
-AnyStore = Union[CacheStore, RemoteCacheStore]
-
-
-def open_store(
+def open_cli_store(
     storage: Optional[str], endpoint_url: Optional[str] = None, local_cache: Optional[str] = None
-) -> AnyStore:
+) -> Store:
     """The store named by ``--storage``, ``$YOGACACHE_STORAGE`` or the local default."""
-    value = storage or os.environ.get(STORAGE_ENV)
-    if not value:
-        return CacheStore(default_cache_root())
-    if "://" in value:
-        from yogacache.remote import object_store_from_url
-
-        local_root = Path(local_cache).expanduser() if local_cache else default_cache_root()
-        return RemoteCacheStore(object_store_from_url(value, endpoint_url), local_root)
-    path = Path(value).expanduser()
-    if path.is_file():
-        return make_store(load_config_file(path))
-    return CacheStore(path)
+    target = storage or os.environ.get(STORAGE_ENV) or None
+    return open_store(target, endpoint_url=endpoint_url, local_cache=local_cache)
 
 
 def _created(manifest: Manifest) -> str:
@@ -52,114 +36,51 @@ def _created(manifest: Manifest) -> str:
     return moment.astimezone(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
-def _manifest_summary(manifest: Manifest, path: Path) -> dict[str, Any]:
+def _row(entry: CacheEntry) -> dict[str, Any]:
+    manifest = entry.manifest
     return {
-        "dataset_id": manifest.dataset_id,
-        "dataset_version": manifest.dataset_version,
-        "records": manifest.num_records,
-        "size_bytes": manifest.total_size_bytes,
-        "created_at": manifest.created_at,
-        "build_id": manifest.build_id,
-        "where": "local",
-        "path": str(path),
+        "dataset_id": entry.dataset_id,
+        "dataset_version": entry.dataset_version,
+        "records": manifest.num_records if manifest else None,
+        "size_bytes": manifest.total_size_bytes if manifest else None,
+        "created_at": manifest.created_at if manifest else None,
+        "build_id": manifest.build_id if manifest else None,
+        "where": entry.where,
+        "path": str(entry.local_path) if entry.local_path else None,
+        "remote_url": entry.remote_url,
+        "local_path": str(entry.local_path) if entry.local_path and entry.local else None,
+        "local_current": entry.current,
+        **({"error": entry.error} if entry.error else {}),
     }
 
 
-def cmd_ls(store: AnyStore, args: argparse.Namespace) -> int:
-    if isinstance(store, RemoteCacheStore):
-        return _ls_remote(store, args)
+def cmd_ls(store: Store, args: argparse.Namespace) -> int:
     entries = store.list()
-    rows: list[dict[str, Any]] = []
+    if args.json:
+        print(json.dumps([_row(entry) for entry in entries], indent=2))
+        return 0
+    if not entries:
+        beyond = f"{store.remote_url} or under " if store.remote_url else "under "
+        print(f"no caches {beyond}{store.root}")
+        return 0
+    published = store.remote_url is not None
+    header = ["DATASET", "VERSION", "RECORDS", "SIZE", "CREATED", "WHERE"] + (["LOCAL COPY"] if published else [])
+    table = [header]
     for entry in entries:
-        if entry.manifest is None:
-            rows.append(
-                {
-                    "dataset_id": entry.dataset_id,
-                    "dataset_version": entry.dataset_version,
-                    "records": None,
-                    "size_bytes": None,
-                    "created_at": None,
-                    "where": "local",
-                    "path": str(entry.path),
-                    "error": entry.error,
-                }
-            )
+        manifest = entry.manifest
+        where = entry.where if published else f"{entry.where} {entry.local_path}"
+        if manifest is None:
+            row = [entry.dataset_id, entry.dataset_version, "?", "?", "unreadable", where]
         else:
-            rows.append(_manifest_summary(entry.manifest, entry.path))
-    if args.json:
-        print(json.dumps(rows, indent=2))
-        return 0
-    if not rows:
-        print(f"no caches under {store.root}")
-        return 0
-    header = ["DATASET", "VERSION", "RECORDS", "SIZE", "CREATED", "WHERE"]
-    table = [header]
-    for row, entry in zip(rows, entries):
-        if entry.manifest is None:
-            table.append([row["dataset_id"], row["dataset_version"], "?", "?", "unreadable", row["path"]])
-        else:
-            table.append(
-                [
-                    row["dataset_id"],
-                    row["dataset_version"],
-                    f"{row['records']:,}",
-                    format_bytes(row["size_bytes"]),
-                    _created(entry.manifest),
-                    f"local {row['path']}",
-                ]
-            )
-    _print_table(table)
-    return 0
-
-
-def _ls_remote(store: RemoteCacheStore, args: argparse.Namespace) -> int:
-    rows: list[dict[str, Any]] = []
-    for entry in store.list():
-        manifest = entry.remote or entry.local
-        if manifest is None:  # pragma: no cover - list() only yields entries with a manifest
-            continue
-        where = "+".join(w for w, m in (("remote", entry.remote), ("local", entry.local)) if m)
-        rows.append(
-            {
-                "dataset_id": entry.dataset_id,
-                "dataset_version": entry.dataset_version,
-                "records": manifest.num_records,
-                "size_bytes": manifest.total_size_bytes,
-                "created_at": manifest.created_at,
-                "build_id": manifest.build_id,
-                "where": where,
-                "remote_url": store.objects.url(store.key(entry.dataset_id, entry.dataset_version))
-                if entry.remote
-                else None,
-                "local_path": str(entry.local_path) if entry.local else None,
-                "local_current": entry.current,
-            }
-        )
-    if args.json:
-        print(json.dumps(rows, indent=2))
-        return 0
-    if not rows:
-        print(f"no caches at {store.objects.url()} or under {store.local.root}")
-        return 0
-    header = ["DATASET", "VERSION", "RECORDS", "SIZE", "CREATED", "WHERE", "LOCAL COPY"]
-    table = [header]
-    for row, entry in zip(rows, store.list()):
-        manifest = entry.remote or entry.local
-        copy_state = (
-            "current" if row["local_current"] else "stale" if entry.local and entry.remote
-            else "only local" if entry.local else "none"
-        )
-        table.append(
-            [
-                row["dataset_id"],
-                row["dataset_version"],
-                f"{row['records']:,}",
-                format_bytes(row["size_bytes"]),
-                _created(manifest) if manifest else "?",
-                row["where"],
-                copy_state,
+            row = [
+                entry.dataset_id,
+                entry.dataset_version,
+                f"{manifest.num_records:,}",
+                format_bytes(manifest.total_size_bytes),
+                _created(manifest),
+                where,
             ]
-        )
+        table.append(row + ([entry.copy_state] if published else []))
     _print_table(table)
     return 0
 
@@ -170,25 +91,14 @@ def _print_table(table: list[list[Any]]) -> None:
         print("  ".join(str(c).ljust(w) for c, w in zip(r, widths)).rstrip())
 
 
-def _local(store: AnyStore) -> CacheStore:
-    return store.local if isinstance(store, RemoteCacheStore) else store
-
-
-def cmd_info(store: AnyStore, args: argparse.Namespace) -> int:
-    if isinstance(store, RemoteCacheStore):
-        manifest = store.remote_manifest(args.dataset_id, args.version) or store.local.manifest(
-            args.dataset_id, args.version
-        )
-        path: Any = store.objects.url(store.key(args.dataset_id, args.version))
-    else:
-        manifest = store.manifest(args.dataset_id, args.version)
-        path = store.cache_dir(args.dataset_id, args.version)
+def cmd_info(store: Store, args: argparse.Namespace) -> int:
+    manifest = store.manifest(args.dataset_id, args.version)
     if args.json:
         print(json.dumps(manifest.to_json(), indent=2))
         return 0
     print(f"dataset:   {manifest.dataset_id}")
     print(f"version:   {manifest.dataset_version}")
-    print(f"path:      {path}")
+    print(f"path:      {store.location(args.dataset_id, args.version)}")
     print(f"records:   {manifest.num_records:,}")
     print(f"size:      {format_bytes(manifest.total_size_bytes)} in {len(manifest.parts)} part(s)")
     print(f"created:   {_created(manifest)}")
@@ -198,8 +108,8 @@ def cmd_info(store: AnyStore, args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_verify(store: AnyStore, args: argparse.Namespace) -> int:
-    manifest = _local(store).verify_cache(args.dataset_id, args.version)
+def cmd_verify(store: Store, args: argparse.Namespace) -> int:
+    manifest = store.verify(args.dataset_id, args.version)
     print(
         f"ok: {manifest.dataset_id} {manifest.dataset_version}: {len(manifest.parts)} part(s), "
         f"{manifest.num_records:,} records, hashes match"
@@ -207,22 +117,16 @@ def cmd_verify(store: AnyStore, args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_rm(store: AnyStore, args: argparse.Namespace) -> int:
-    if isinstance(store, RemoteCacheStore):
-        remote = args.remote
-        local = args.local or not args.remote
-        manifest = (store.remote_manifest(args.dataset_id, args.version) if remote else None) or (
-            store.local.manifest(args.dataset_id, args.version)
-        )
-        where = " and ".join(
-            w for w, flag in (("remote cache", remote), ("local copy", local)) if flag
-        )
-        path: Any = f"{store.objects.url(store.key(args.dataset_id, args.version))} ({where})"
-    else:
-        if args.remote:
-            raise ConfigError("--remote needs a remote storage (s3://, gs:// or an s3/gcs config)")
-        manifest = store.manifest(args.dataset_id, args.version)
-        path = store.cache_dir(args.dataset_id, args.version)
+def cmd_rm(store: Store, args: argparse.Namespace) -> int:
+    if args.remote and store.remote_url is None:
+        raise ConfigError("--remote needs a remote storage (s3://, gs:// or an s3/gcs config)")
+    remote = args.remote
+    local = args.local or not args.remote
+    manifest = store.manifest(args.dataset_id, args.version)
+    path = store.location(args.dataset_id, args.version)
+    if store.remote_url is not None:
+        where = " and ".join(w for w, flag in (("remote cache", remote), ("local copy", local)) if flag)
+        path = f"{path} ({where})"
     if not args.yes:
         question = (
             f"Remove cache {args.dataset_id} {args.version} at {path} "
@@ -235,33 +139,22 @@ def cmd_rm(store: AnyStore, args: argparse.Namespace) -> int:
         if answer.strip().lower() not in ("y", "yes"):
             print("not removed (pass -y to skip this question)", file=sys.stderr)
             return 1
-    if isinstance(store, RemoteCacheStore):
-        store.remove(args.dataset_id, args.version, remote=remote, local=local)
-    else:
-        store.remove(args.dataset_id, args.version)
+    store.remove(args.dataset_id, args.version, remote=remote, local=local)
     print(f"removed {args.dataset_id} {args.version} ({path})")
     return 0
 
 
-def _remote(store: AnyStore, command: str) -> RemoteCacheStore:
-    if not isinstance(store, RemoteCacheStore):
-        raise ConfigError(f"{command} needs a remote storage (s3://, gs:// or an s3/gcs config file)")
-    return store
-
-
-def cmd_pull(store: AnyStore, args: argparse.Namespace) -> int:
-    remote = _remote(store, "pull")
-    reader = remote.open(args.dataset_id, args.version)
+def cmd_pull(store: Store, args: argparse.Namespace) -> int:
+    reader = store.pull(args.dataset_id, args.version)
     print(f"local copy of {args.dataset_id} {args.version} is current: {reader.directory}")
     return 0
 
 
-def cmd_push(store: AnyStore, args: argparse.Namespace) -> int:
-    remote = _remote(store, "push")
-    manifest = remote.push(args.dataset_id, args.version)
+def cmd_push(store: Store, args: argparse.Namespace) -> int:
+    manifest = store.push(args.dataset_id, args.version)
     print(
         f"published {args.dataset_id} {args.version} ({manifest.num_records:,} records) to "
-        f"{remote.objects.url(remote.key(args.dataset_id, args.version))}"
+        f"{store.location(args.dataset_id, args.version)}"
     )
     return 0
 
@@ -315,7 +208,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     # Progress: a live line on a terminal, log lines otherwise (CI, pipes).
     logging.getLogger("yogacache.progress").setLevel(logging.INFO)
     try:
-        store = open_store(args.storage, args.endpoint_url, args.local_cache)
+        store = open_cli_store(args.storage, args.endpoint_url, args.local_cache)
         return int(args.run(store, args))
     except (YogaCacheError, OSError) as error:
         print(f"yogacache: error: {error}", file=sys.stderr)

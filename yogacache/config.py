@@ -61,6 +61,17 @@ class _CloudConfig:
         chosen = self.local_cache_container_path or self.local_cache_host_path
         return Path(chosen) if chosen else None
 
+    @property
+    def url(self) -> str:
+        """The storage URL of the bucket directory (``s3://`` or ``gs://``)."""
+        return f"{self.scheme}://{self.bucket}/{self.bucket_directory_path.strip('/')}"
+
+    scheme = ""
+
+    def backend_options(self) -> dict[str, Any]:
+        """Settings the backend takes besides the URL (credentials, endpoint)."""
+        return {}
+
 
 @dataclass(frozen=True)
 class S3Config(_CloudConfig):
@@ -70,10 +81,17 @@ class S3Config(_CloudConfig):
     secret_key: Optional[str] = field(default=None, repr=False)
     endpoint_url: Optional[str] = None
 
+    scheme = "s3"
+
+    def backend_options(self) -> dict[str, Any]:
+        return {"endpoint_url": self.endpoint_url, "access_key": self.access_key, "secret_key": self.secret_key}
+
 
 @dataclass(frozen=True)
 class GCSConfig(_CloudConfig):
     """``{"type": "gcs", "bucket", "bucket_directory_path", ...}``."""
+
+    scheme = "gs"
 
 
 StorageConfig = Union[SharedFSConfig, S3Config, GCSConfig]

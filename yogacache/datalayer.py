@@ -6,14 +6,14 @@ import functools
 from typing import Any, Callable, Mapping, Optional, Union
 
 from yogacache import launcher
-from yogacache.config import SharedFSConfig, StorageConfig, parse_config
+from yogacache.arguments import as_int
+from yogacache.config import StorageConfig, parse_config
 from yogacache.dataref import CacheDataRef
-from yogacache.integrity import Verify
+from yogacache.format.integrity import Verify
+from yogacache.format.writer import BuildLimits
 from yogacache.names import validate_name
-from yogacache.sampler import _as_int
-from yogacache.schedule import SHARD, ResumeState
-from yogacache.store import CacheStore, default_cache_root
-from yogacache.writer import BuildLimits
+from yogacache.read.schedule import SHARD, ResumeState
+from yogacache.store import open_store
 
 TRAIN_SUFFIX = "_train"
 VALIDATION_SUFFIX = "_val"
@@ -56,14 +56,14 @@ class DataLayer:
         self._explicit_num_shards = num_shards
         found = launcher.resolve(rank, num_shards)
         self.rank, self.num_shards, self.rank_source = found.rank, found.num_shards, found.source
-        self.seed = _as_int(seed, "seed")
-        self.offset = _as_int(offset, "offset")
+        self.seed = as_int(seed, "seed")
+        self.offset = as_int(offset, "offset")
         if self.offset < 0:
             raise ValueError(f"offset must not be negative, got {self.offset}")
         self.resume_state = None if resume_state is None else ResumeState.from_dict(resume_state).to_dict()
         if self.resume_state is not None and self.offset:
             raise ValueError("pass either offset or resume_state, not both")
-        self.store = make_store(
+        self.store = open_store(
             self.config,
             verify=verify,
             limits=BuildLimits(max_records=max_records, max_bytes=max_bytes),
@@ -194,29 +194,6 @@ class DataLayer:
             ),
             returns,
         )
-
-
-def make_store(
-    config: Optional[StorageConfig],
-    *,
-    verify: Verify = "auto",
-    limits: BuildLimits = BuildLimits(),
-    show_progress: bool = True,
-) -> Union[CacheStore, Any]:
-    """The store a config names: a CacheStore for shared_fs and the local default, a
-    RemoteCacheStore (with node-local copies) for s3 and gcs."""
-    if config is None or isinstance(config, SharedFSConfig):
-        root = (config.storage_path if config is not None else None) or default_cache_root()
-        return CacheStore(root, verify=verify, limits=limits, show_progress=show_progress)
-    from yogacache.remote import RemoteCacheStore, object_store_for
-
-    return RemoteCacheStore(
-        object_store_for(config),
-        config.local_cache_path or default_cache_root(),
-        verify=verify,
-        limits=limits,
-        show_progress=show_progress,
-    )
 
 
 def _tf_adapter(ref: CacheDataRef, stream_args: dict[str, Any]) -> Any:

@@ -8,9 +8,9 @@ from typing import Any, Callable, Iterator, Mapping, Optional
 
 import numpy as np
 
-from yogacache.codec import Spec
-from yogacache.reader import CacheReader
-from yogacache.schedule import SHARD, EpochPlan, ReadSchedule
+from yogacache.format.spec import Spec
+from yogacache.read.reader import CacheReader
+from yogacache.read.schedule import SHARD, EpochPlan, ReadSchedule
 
 # Records per read from LMDB; batches of large records are capped by bytes instead.
 READ_BATCH_RECORDS = 1024

@@ -20,7 +20,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional
 
-from yogacache.sampler import _as_int
+from yogacache.arguments import as_int
 
 
 @dataclass(frozen=True)
@@ -53,8 +53,8 @@ def is_input_context(value: Any) -> bool:
 
 def _from_input_context(context: Any) -> RankInfo:
     return RankInfo(
-        _as_int(context.input_pipeline_id, "input_pipeline_id"),
-        _as_int(context.num_input_pipelines, "num_input_pipelines"),
+        as_int(context.input_pipeline_id, "input_pipeline_id"),
+        as_int(context.num_input_pipelines, "num_input_pipelines"),
         source="tf.distribute.InputContext",
     )
 
@@ -117,13 +117,13 @@ def resolve(
 ) -> RankInfo:
     """``(rank, num_shards)``: each explicit argument wins; the launcher supplies the rest."""
     if rank is not None and num_shards is not None:
-        return RankInfo(_as_int(rank, "rank"), _as_int(num_shards, "num_shards"), source="arguments")
+        return RankInfo(as_int(rank, "rank"), as_int(num_shards, "num_shards"), source="arguments")
     found = discover(input_context, environ)
     if rank is None and num_shards is None:
         return found
     return RankInfo(
-        found.rank if rank is None else _as_int(rank, "rank"),
-        found.num_shards if num_shards is None else _as_int(num_shards, "num_shards"),
+        found.rank if rank is None else as_int(rank, "rank"),
+        found.num_shards if num_shards is None else as_int(num_shards, "num_shards"),
         found.local_rank,
         source=f"arguments and {found.source}",
     )

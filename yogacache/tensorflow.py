@@ -22,10 +22,12 @@ except ImportError as error:  # pragma: no cover - exercised only without Tensor
         "yogacache.tensorflow needs TensorFlow: pip install 'yogacache[tf]'"
     ) from error
 
-from yogacache.codec import (
+from yogacache.dataref import Stream
+from yogacache.errors import UnsupportedDatasetError
+from yogacache.format.codec import RecordCodec
+from yogacache.format.spec import (
     STRING,
     SUPPORTED_DTYPES,
-    RecordCodec,
     Spec,
     TensorSpec,
     flatten,
@@ -33,8 +35,6 @@ from yogacache.codec import (
     spec_leaves,
     unflatten,
 )
-from yogacache.dataref import Stream
-from yogacache.errors import UnsupportedDatasetError
 from yogacache.malloc import keep_freed_memory
 
 _SOURCE_BATCH_BYTES = 8 << 20

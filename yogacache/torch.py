@@ -30,10 +30,10 @@ except ImportError as error:  # pragma: no cover - exercised only without torch
     raise ImportError("yogacache.torch needs PyTorch: pip install 'yogacache[torch]'") from error
 
 from yogacache import launcher
-from yogacache.codec import STRING, Spec, TensorSpec, flatten, spec_leaves, unflatten
 from yogacache.dataref import CacheDataRef, _chunk_size
-from yogacache.reader import CacheReader
-from yogacache.schedule import SHARD, EpochPlan
+from yogacache.format.spec import STRING, Spec, TensorSpec, flatten, spec_leaves, unflatten
+from yogacache.read.reader import CacheReader
+from yogacache.read.schedule import SHARD, EpochPlan
 
 __all__ = ["CacheDataLoader", "CacheDataset", "CacheIterableDataset", "open_reader"]
 

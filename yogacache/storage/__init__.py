@@ -7,9 +7,10 @@ import warnings
 from pathlib import Path
 from typing import Any, Callable, Optional
 
+from yogacache.config import GCSConfig, S3Config, StorageConfig
 from yogacache.dataref import CacheDataRef, Storage
 from yogacache.names import validate_name, validate_version
-from yogacache.store import CacheStore
+from yogacache.store import open_store
 
 __all__ = [
     "GCSConfigurations",
@@ -72,7 +73,7 @@ class LFSStorage(_StoreStorage):
             raise FileNotFoundError(f"LFSStorage directory {root} does not exist")
         if configurations.cache_format != "LMDB":
             raise ValueError(f"unsupported cache_format {configurations.cache_format!r}; use 'LMDB'")
-        self.store = CacheStore(root)
+        self.store = open_store(root)
 
 
 def _warn_coordinator(url: Any, cert_file: Any, cert_name: Any) -> None:
@@ -106,6 +107,19 @@ class BaseCloudConfigurations:
         self.skip_verify = skip_verify
         self.cache_format = "LMDB"
 
+    def _common(self) -> dict[str, Any]:
+        local = str(self.local_cache_dir)
+        return dict(
+            bucket=self.bucket,
+            bucket_directory_path=str(self.bucket_directory_path),
+            local_cache_host_path=local,
+            local_cache_container_path=local,
+        )
+
+    def to_config(self) -> StorageConfig:
+        """The ``data_layer`` config these settings amount to."""
+        raise NotImplementedError
+
 
 class S3Configurations(BaseCloudConfigurations):
     """YogaDL's S3Configurations; credentials default to the standard AWS chain."""
@@ -136,6 +150,11 @@ class S3Configurations(BaseCloudConfigurations):
         self.secret_key = secret_key
         self.endpoint_url = endpoint_url
 
+    def to_config(self) -> StorageConfig:
+        return S3Config(
+            **self._common(), access_key=self.access_key, secret_key=self.secret_key, endpoint_url=self.endpoint_url
+        )
+
     def __repr__(self) -> str:
         return f"S3Configurations(bucket={self.bucket!r}, bucket_directory_path={self.bucket_directory_path!r})"
 
@@ -143,45 +162,23 @@ class S3Configurations(BaseCloudConfigurations):
 class GCSConfigurations(BaseCloudConfigurations):
     """YogaDL's GCSConfigurations; credentials come from the standard Google chain."""
 
+    def to_config(self) -> StorageConfig:
+        return GCSConfig(**self._common())
+
 
 class BaseCloudStorage(_StoreStorage):
-    """A YogaDL-compatible storage over a RemoteCacheStore."""
+    """A YogaDL-compatible storage over a remote store (objects published, copies per node)."""
 
     def __init__(self, configurations: BaseCloudConfigurations, tensorflow_config: Any = None) -> None:
-        from yogacache.remote import RemoteCacheStore
-
         self._configurations = configurations
         if configurations.cache_format != "LMDB":
             raise ValueError(f"unsupported cache_format {configurations.cache_format!r}; use 'LMDB'")
-        self.store = RemoteCacheStore(self._object_store(), configurations.local_cache_dir)
-
-    def _object_store(self) -> Any:
-        raise NotImplementedError
+        self.store = open_store(configurations.to_config())
 
 
 class S3Storage(BaseCloudStorage):
     """Caches published to S3 (or an S3-compatible server), synced to a local copy per node."""
 
-    def _object_store(self) -> Any:
-        from yogacache.remote.s3 import S3ObjectStore
-
-        config = self._configurations
-        if not isinstance(config, S3Configurations):
-            raise TypeError("S3Storage needs S3Configurations")
-        return S3ObjectStore(
-            config.bucket,
-            config.bucket_directory_path,
-            endpoint_url=config.endpoint_url,
-            access_key=config.access_key,
-            secret_key=config.secret_key,
-        )
-
 
 class GCSStorage(BaseCloudStorage):
     """Caches published to Google Cloud Storage, synced to a local copy per node."""
-
-    def _object_store(self) -> Any:
-        from yogacache.remote.gcs import GCSObjectStore
-
-        config = self._configurations
-        return GCSObjectStore(config.bucket, config.bucket_directory_path)

@@ -21,21 +21,22 @@ import shutil
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional
 
+from yogacache.backends.base import ObjectStore
 from yogacache.errors import CacheNotFoundError, CorruptCacheError, YogaCacheError
-from yogacache.integrity import Verify, sha256_file, stamp_verified
+from yogacache.format.durability import fsync_path, replace_directory, temp_dir_for, write_file_durably
+from yogacache.format.integrity import Verify, sha256_file, stamp_verified
+from yogacache.format.manifest import MANIFEST_NAME, Manifest, PartInfo
+from yogacache.format.sources import source_for
+from yogacache.format.writer import BuildLimits
 from yogacache.locks import FileLock
-from yogacache.manifest import MANIFEST_NAME, Manifest, PartInfo, fsync_path, write_file_durably
 from yogacache.progress import TransferProgress
-from yogacache.reader import CacheReader
-from yogacache.remote.lease import Lease
-from yogacache.remote.objects import ObjectStore
-from yogacache.sources import source_for
-from yogacache.store import CacheStore
-from yogacache.writer import BuildLimits, replace_directory, temp_dir_for
+from yogacache.read.reader import CacheReader
+from yogacache.store.base import CacheEntry
+from yogacache.store.lease import Lease
+from yogacache.store.local import CacheStore
 
 log = logging.getLogger(__name__)
 
@@ -46,25 +47,6 @@ REMOTE_PART_SIZE = 256 << 20  # smaller parts let downloads, uploads and hashing
 
 class BuildWaitTimeoutError(YogaCacheError, TimeoutError):
     """Waited too long for another node to publish a cache."""
-
-
-@dataclass(frozen=True)
-class RemoteEntry:
-    """A cache seen by ``RemoteCacheStore.list``: remote and/or local, and whether they agree."""
-
-    dataset_id: str
-    dataset_version: str
-    remote: Optional[Manifest]
-    local: Optional[Manifest]
-    local_path: Path
-
-    @property
-    def current(self) -> bool:
-        return (
-            self.remote is not None
-            and self.local is not None
-            and self.remote.freshness == self.local.freshness
-        )
 
 
 class RemoteCacheStore:
@@ -105,6 +87,13 @@ class RemoteCacheStore:
     def root(self) -> Path:
         return self.local.root
 
+    @property
+    def remote_url(self) -> Optional[str]:
+        return self.objects.url()
+
+    def location(self, dataset_id: str, dataset_version: str) -> str:
+        return self.objects.url(self.key(dataset_id, dataset_version))
+
     # -- keys -----------------------------------------------------------------------------
     def key(self, dataset_id: str, dataset_version: str, name: str = "") -> str:
         self.local.cache_dir(dataset_id, dataset_version)  # validates both names
@@ -127,6 +116,18 @@ class RemoteCacheStore:
                 f"not {dataset_id}:{dataset_version} (swapped or copied); refused"
             )
         return manifest
+
+    def manifest(self, dataset_id: str, dataset_version: str) -> Manifest:
+        """The published manifest, else the local copy's; CacheNotFoundError when neither exists."""
+        return self.remote_manifest(dataset_id, dataset_version) or self.local.manifest(dataset_id, dataset_version)
+
+    def verify(self, dataset_id: str, dataset_version: str) -> Manifest:
+        """Re-hashes the local copy's parts; CorruptCacheError on any mismatch."""
+        return self.local.verify(dataset_id, dataset_version)
+
+    def pull(self, dataset_id: str, dataset_version: str) -> CacheReader:
+        """Makes the local copy current with the published cache."""
+        return self.open(dataset_id, dataset_version)
 
     def local_manifest(self, dataset_id: str, dataset_version: str) -> Optional[Manifest]:
         try:
@@ -332,7 +333,7 @@ class RemoteCacheStore:
             return manifest
 
     # -- management -----------------------------------------------------------------------
-    def list(self) -> list[RemoteEntry]:
+    def list(self) -> list[CacheEntry]:
         """Remote and local caches, matched by id and version."""
         remote: dict[tuple[str, str], Manifest] = {}
         for info in self.objects.list(""):
@@ -341,16 +342,25 @@ class RemoteCacheStore:
                 manifest = self.remote_manifest(parts[0], parts[1])
                 if manifest is not None:
                     remote[(parts[0], parts[1])] = manifest
-        local = {
-            (e.dataset_id, e.dataset_version): e.manifest for e in self.local.list() if e.manifest
-        }
-        return [
-            RemoteEntry(i, v, remote.get((i, v)), local.get((i, v)), self.local.root / i / v)
-            for i, v in sorted(set(remote) | set(local))
-        ]
+        local = {(e.dataset_id, e.dataset_version): e for e in self.local.list()}
+        entries = []
+        for i, v in sorted(set(remote) | set(local)):
+            copy = local.get((i, v))
+            entries.append(
+                CacheEntry(
+                    i,
+                    v,
+                    local_path=copy.local_path if copy else None,
+                    local=copy.local if copy else None,
+                    remote=remote.get((i, v)),
+                    remote_url=self.location(i, v) if (i, v) in remote else None,
+                    error=copy.error if copy else None,
+                )
+            )
+        return entries
 
     def remove(
-        self, dataset_id: str, dataset_version: str, *, remote: bool, local: bool
+        self, dataset_id: str, dataset_version: str, *, remote: bool = False, local: bool = True
     ) -> builtins.list[str]:
         """Removes the published cache (manifest first), the local copy, or both."""
         removed = []
@@ -365,7 +375,7 @@ class RemoteCacheStore:
             removed.append(self.objects.url(prefix))
         if local:
             if self.local.exists(dataset_id, dataset_version):
-                removed.append(str(self.local.remove(dataset_id, dataset_version)))
+                removed.extend(self.local.remove(dataset_id, dataset_version))
             elif not remote:
                 raise CacheNotFoundError(
                     f"no local copy of {dataset_id}:{dataset_version} under {self.local.root}"

@@ -28,8 +28,9 @@ from typing import Any, Mapping, Optional, Protocol
 
 import numpy as np
 
-from yogacache.permutation import KeyedPermutation
-from yogacache.sampler import ShardOrder, _as_int, shard_indices
+from yogacache.arguments import as_int
+from yogacache.read.permutation import KeyedPermutation
+from yogacache.read.sampler import ShardOrder, shard_indices
 
 SHARD = "shard"
 GLOBAL = "global"
@@ -143,11 +144,11 @@ class ResumeState:
             raise ValueError(f"resume state lacks {error.args[0]!r}") from None
         if mode not in SHUFFLE_MODES:
             raise ValueError(f"resume state mode must be one of {SHUFFLE_MODES}, got {mode!r}")
-        values = {key: _as_int(value, f"resume state {key}") for key, value in fields.items()}
+        values = {key: as_int(value, f"resume state {key}") for key, value in fields.items()}
         if min(values.values()) < 0:
             raise ValueError(f"resume state fields must not be negative: {dict(state)}")
         optional = {
-            key: None if state.get(key) is None else _as_int(state[key], f"resume state {key}")
+            key: None if state.get(key) is None else as_int(state[key], f"resume state {key}")
             for key in ("seed", "shard_rank", "num_shards")
         }
         return cls(
@@ -187,17 +188,17 @@ class ReadSchedule:
     ) -> None:
         if shuffle_mode not in SHUFFLE_MODES:
             raise ValueError(f"shuffle_mode must be one of {SHUFFLE_MODES}, got {shuffle_mode!r}")
-        self.num_records = _as_int(num_records, "num_records")
+        self.num_records = as_int(num_records, "num_records")
         self.mode = shuffle_mode
         self.drop_remainder = bool(drop_remainder)
         self.shuffle = bool(shuffle)
         self.reshuffle_each_epoch = bool(reshuffle_each_epoch)
-        self.seed = None if seed is None else _as_int(seed, "shuffle_seed")
+        self.seed = None if seed is None else as_int(seed, "shuffle_seed")
         # Validates rank, shard count and record count the way YogaDL does (nothing per record).
         shard_indices(0, shard_rank, num_shards, self.drop_remainder)
         if self.num_records < 0:
             raise ValueError(f"num_records must not be negative, got {self.num_records}")
-        self.shard_rank, self.num_shards = _as_int(shard_rank, "shard_rank"), _as_int(num_shards, "num_shards")
+        self.shard_rank, self.num_shards = as_int(shard_rank, "shard_rank"), as_int(num_shards, "num_shards")
         self._shard_order: Optional[ShardOrder] = None
         if self.mode == SHARD:
             shard = shard_indices(self.num_records, shard_rank, num_shards, self.drop_remainder)
@@ -211,7 +212,7 @@ class ReadSchedule:
             )
         elif self.reshuffle_each_epoch and not self.shuffle:
             raise ValueError("reshuffling at epoch end needs shuffle=True")
-        start_offset = _as_int(start_offset, "start_offset")
+        start_offset = as_int(start_offset, "start_offset")
         if start_offset < 0:
             raise ValueError(f"start_offset must not be negative, got {start_offset}")
         self.start: tuple[int, int]
@@ -257,7 +258,7 @@ class ReadSchedule:
     def advance(self, point: tuple[int, int], records: int) -> tuple[int, int]:
         """The ``(epoch, position)`` after this rank read ``records`` more records from ``point``."""
         epoch, position = point
-        records = _as_int(records, "records")
+        records = as_int(records, "records")
         if records < 0:
             raise ValueError(f"records must not be negative, got {records}")
         if records == 0:

@@ -9,20 +9,21 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional
 
-from yogacache.errors import CacheNotFoundError, YogaCacheError
-from yogacache.integrity import Verify, verify_parts
+from yogacache.errors import CacheNotFoundError, ConfigError, YogaCacheError
+from yogacache.format.durability import leftovers_of
+from yogacache.format.integrity import Verify, verify_parts
+from yogacache.format.manifest import MANIFEST_NAME, Manifest
+from yogacache.format.sources import RecordSource, source_for
+from yogacache.format.writer import DEFAULT_PART_SIZE, BuildLimits, CacheWriter
 from yogacache.locks import FileLock
 from yogacache.malloc import keep_freed_memory
-from yogacache.manifest import MANIFEST_NAME, Manifest
 from yogacache.names import validate_name, validate_version
 from yogacache.progress import Progress
-from yogacache.reader import CacheReader
-from yogacache.sources import RecordSource, source_for
-from yogacache.writer import DEFAULT_PART_SIZE, BuildLimits, CacheWriter, leftovers_of
+from yogacache.read.reader import CacheReader
+from yogacache.store.base import CacheEntry
 
 log = logging.getLogger(__name__)
 
@@ -35,19 +36,10 @@ def default_cache_root() -> Path:
     return Path(base).expanduser() / "yogacache"
 
 
-@dataclass(frozen=True)
-class CacheEntry:
-    """One cache found by ``CacheStore.list``; ``error`` is set when its manifest is unreadable."""
-
-    dataset_id: str
-    dataset_version: str
-    path: Path
-    manifest: Optional[Manifest]
-    error: Optional[str] = None
-
-
 class CacheStore:
     """Caches under one root directory on a local or shared filesystem."""
+
+    remote_url: Optional[str] = None  # nothing is published beyond this directory
 
     def __init__(
         self,
@@ -59,7 +51,7 @@ class CacheStore:
         show_progress: bool = True,
     ) -> None:
         self.root = Path(root).expanduser().absolute()
-        self.verify = verify
+        self.verify_mode = verify
         self.limits = limits
         self.part_size_bytes = part_size_bytes
         self.show_progress = show_progress
@@ -72,6 +64,9 @@ class CacheStore:
         validate_name(dataset_id, "dataset_id")
         validate_version(dataset_version)
         return self.root / dataset_id / dataset_version
+
+    def location(self, dataset_id: str, dataset_version: str) -> str:
+        return str(self.cache_dir(dataset_id, dataset_version))
 
     def lock_path(self, dataset_id: str, dataset_version: str) -> Path:
         directory = self.cache_dir(dataset_id, dataset_version)
@@ -93,7 +88,7 @@ class CacheStore:
             raise CacheNotFoundError(
                 f"no cache for dataset {dataset_id!r} version {dataset_version!r} under {self.root}"
             ) from None
-        return CacheReader(directory, manifest, verify=self.verify)
+        return CacheReader(directory, manifest, verify=self.verify_mode)
 
     # -- building -------------------------------------------------------------------------
     def build(self, dataset_id: str, dataset_version: str, data: Any) -> Manifest:
@@ -179,7 +174,17 @@ class CacheStore:
                     error = None
                 except YogaCacheError as exc:
                     manifest, error = None, str(exc)
-                yield CacheEntry(id_dir.name, version_dir.name, version_dir, manifest, error)
+                yield CacheEntry(id_dir.name, version_dir.name, version_dir, manifest, error=error)
+
+    def verify(self, dataset_id: str, dataset_version: str) -> Manifest:
+        """Re-hashes every part of the cache; raises CorruptCacheError on any mismatch."""
+        return self.verify_cache(dataset_id, dataset_version)
+
+    def pull(self, dataset_id: str, dataset_version: str) -> CacheReader:
+        raise ConfigError("pull needs a remote storage (s3://, gs:// or an s3/gcs config file)")
+
+    def push(self, dataset_id: str, dataset_version: str) -> Manifest:
+        raise ConfigError("push needs a remote storage (s3://, gs:// or an s3/gcs config file)")
 
     def verify_cache(self, dataset_id: str, dataset_version: str) -> Manifest:
         """Re-hashes every part of the cache; raises CorruptCacheError on any mismatch."""
@@ -189,8 +194,16 @@ class CacheStore:
         CacheReader(directory, manifest, verify="size")._environments()
         return manifest
 
-    def remove(self, dataset_id: str, dataset_version: str) -> Path:
+    def remove(
+        self, dataset_id: str, dataset_version: str, *, remote: bool = False, local: bool = True
+    ) -> list[str]:
         """Deletes exactly one cache; refuses symlinks and anything outside the root."""
+        if remote:
+            raise ConfigError("--remote needs a remote storage (s3://, gs:// or an s3/gcs config)")
+        return [str(self.remove_directory(dataset_id, dataset_version))] if local else []
+
+    def remove_directory(self, dataset_id: str, dataset_version: str) -> Path:
+        """Deletes exactly one cache directory; refuses symlinks and anything outside the root."""
         directory = self.cache_dir(dataset_id, dataset_version)
         for path in (directory.parent, directory):
             if path.is_symlink():

@@ -12,29 +12,21 @@ These are YogaDL 0.1.4's read semantics (see DESIGN.md, "Reading"):
 
 from __future__ import annotations
 
-import operator
 from dataclasses import dataclass
 from typing import Optional
 
 import numpy as np
 
-
-def _as_int(value: object, what: str) -> int:
-    if isinstance(value, bool):
-        raise TypeError(f"{what} must be an integer, not bool")
-    try:
-        return operator.index(value)  # type: ignore[arg-type]
-    except TypeError:
-        raise TypeError(f"{what} must be an integer, not {type(value).__name__}") from None
+from yogacache.arguments import as_int
 
 
 def shard_indices(
     num_records: int, shard_rank: int, num_shards: int, drop_remainder: bool
 ) -> np.ndarray:
     """The record indices of one shard, in dataset order."""
-    num_records = _as_int(num_records, "num_records")
-    shard_rank = _as_int(shard_rank, "shard_rank")
-    num_shards = _as_int(num_shards, "num_shards")
+    num_records = as_int(num_records, "num_records")
+    shard_rank = as_int(shard_rank, "shard_rank")
+    num_shards = as_int(num_shards, "num_shards")
     if num_shards < 1:
         raise ValueError(f"num_shards must be at least 1, got {num_shards}")
     if not 0 <= shard_rank < num_shards:
@@ -63,7 +55,7 @@ class ShardOrder:
                 "(each epoch's order is derived from shuffle_seed + epoch)"
             )
         if self.seed is not None:
-            _as_int(self.seed, "shuffle_seed")
+            as_int(self.seed, "shuffle_seed")
 
     def __len__(self) -> int:
         return len(self.shard)
@@ -80,7 +72,7 @@ class ShardOrder:
 
     def start(self, start_offset: int) -> tuple[int, int]:
         """(epoch, position) where a stream that skipped ``start_offset`` records begins."""
-        start_offset = _as_int(start_offset, "start_offset")
+        start_offset = as_int(start_offset, "start_offset")
         if start_offset < 0:
             raise ValueError(f"start_offset must not be negative, got {start_offset}")
         if len(self.shard) == 0:

@@ -10,18 +10,10 @@ from __future__ import annotations
 import itertools
 from typing import Any, Iterable, Iterator, Optional, Protocol
 
-from yogacache.codec import (
-    FixedLayout,
-    RecordCodec,
-    Spec,
-    TensorSpec,
-    flatten,
-    flattener,
-    generalize,
-    infer_spec,
-    spec_leaves,
-)
 from yogacache.errors import UnsupportedDatasetError
+from yogacache.format.codec import RecordCodec
+from yogacache.format.layout import FixedLayout
+from yogacache.format.spec import Spec, TensorSpec, flatten, flattener, generalize, infer_spec, spec_leaves
 
 PYTHON_BATCH = 256
 PYTHON_BATCH_BYTES = 8 << 20  # large elements come in smaller batches (memory, page reuse)

@@ -10,15 +10,10 @@ with an exception discards the temporary directory instead: nothing partial is e
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import datetime
-import errno
 import logging
-import os
 import queue
 import shutil
-import sys
 import threading
 import uuid
 from dataclasses import dataclass
@@ -29,48 +24,27 @@ from typing import Any, Iterable, Optional
 import lmdb
 import numpy as np
 
-from yogacache import __version__
-from yogacache.codec import Spec
 from yogacache.errors import BuildError, CacheLimitExceededError
-from yogacache.integrity import sha256_file, stamp_verified
-from yogacache.manifest import (
-    MANIFEST_NAME,
-    Manifest,
-    PartInfo,
+from yogacache.format.durability import (
     fsync_path,
-    part_name,
+    replace_directory,
+    start_writeback,
+    temp_dir_for,
     write_file_durably,
 )
+from yogacache.format.integrity import sha256_file, stamp_verified
+from yogacache.format.manifest import MANIFEST_NAME, Manifest, PartInfo, part_name
+from yogacache.format.spec import Spec
 from yogacache.progress import Progress
+from yogacache.version import __version__
 
 log = logging.getLogger(__name__)
 
-TEMP_MARK = ".tmp-"
-TRASH_MARK = ".trash-"
 DEFAULT_PART_SIZE = 1 << 30
 _TXN_BYTES = 32 << 20
 _TXN_RECORDS = 8192
 _WRITEBACK_EVERY_BYTES = 64 << 20
 _INITIAL_MAP_SIZE = 1 << 30
-
-
-_SYNC_FILE_RANGE_WRITE = 2
-
-
-def _load_sync_file_range() -> Any:
-    """glibc's ``sync_file_range`` (Linux), or None."""
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        function = ctypes.CDLL("libc.so.6", use_errno=True).sync_file_range
-    except (OSError, AttributeError):
-        return None
-    function.argtypes = [ctypes.c_int, ctypes.c_longlong, ctypes.c_longlong, ctypes.c_uint]
-    function.restype = ctypes.c_int
-    return function
-
-
-_sync_file_range = _load_sync_file_range()
 
 
 @dataclass(frozen=True)
@@ -79,18 +53,6 @@ class BuildLimits:
 
     max_records: Optional[int] = None
     max_bytes: Optional[int] = None
-
-
-def temp_dir_for(target: Path, build_id: str) -> Path:
-    return target.parent / f".{target.name}{TEMP_MARK}{build_id}"
-
-
-def leftovers_of(target: Path) -> list[Path]:
-    """Temporary and trash directories a crashed build of ``target`` may have left."""
-    prefixes = (f".{target.name}{TEMP_MARK}", f".{target.name}{TRASH_MARK}")
-    if not target.parent.is_dir():
-        return []
-    return [p for p in target.parent.iterdir() if p.name.startswith(prefixes)]
 
 
 class CacheWriter:
@@ -274,18 +236,9 @@ class CacheWriter:
             self._unsynced = 0
 
     def _start_writeback(self) -> None:
-        """Asks the kernel to write the part's dirty pages to disk without waiting for it
-        (``sync_file_range``); where that is missing, syncs. The seal's sync still decides."""
-        path = self.directory / part_name(len(self._parts))
-        if _sync_file_range is not None:
-            try:
-                fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-            except OSError:
-                return
-            try:
-                _sync_file_range(fd, 0, 0, _SYNC_FILE_RANGE_WRITE)
-            finally:
-                os.close(fd)
+        """Starts writing the part's dirty pages back while the source keeps producing (the
+        seal's sync still decides); where the kernel cannot, syncs."""
+        if start_writeback(self.directory / part_name(len(self._parts))):
             return
         try:
             self._env.sync(True)
@@ -416,45 +369,3 @@ class CacheWriter:
         shutil.rmtree(self.directory, ignore_errors=True)
 
 
-_RENAME_EXCHANGE = 2
-_AT_FDCWD = -100
-
-
-def _rename_exchange(a: Path, b: Path) -> bool:
-    """Atomically swaps two paths with renameat2(RENAME_EXCHANGE); False where unsupported."""
-    libc_name = ctypes.util.find_library("c")
-    if libc_name is None:
-        return False
-    libc = ctypes.CDLL(libc_name, use_errno=True)
-    renameat2 = getattr(libc, "renameat2", None)
-    if renameat2 is None:
-        return False
-    result = renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE)
-    if result == 0:
-        return True
-    err = ctypes.get_errno()
-    if err in (errno.ENOSYS, errno.EINVAL, errno.ENOTSUP):
-        return False
-    raise OSError(err, os.strerror(err), str(b))
-
-
-def replace_directory(new: Path, target: Path) -> None:
-    """Moves directory ``new`` to ``target``, atomically replacing an existing ``target``.
-
-    Readers that already opened files of the old cache keep reading them: the files are
-    only unlinked, and open LMDB maps stay valid.
-    """
-    try:
-        os.rename(new, target)
-    except OSError as error:
-        if error.errno not in (errno.ENOTEMPTY, errno.EEXIST):
-            raise
-        if _rename_exchange(new, target):
-            old = new  # after the swap, ``new`` names the old cache
-        else:
-            old = target.parent / f".{target.name}{TRASH_MARK}{uuid.uuid4().hex}"
-            os.rename(target, old)
-            os.rename(new, target)
-        fsync_path(target.parent)
-        shutil.rmtree(old, ignore_errors=True)
-    fsync_path(target.parent)

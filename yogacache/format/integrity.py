@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any, Literal, Optional
 
 from yogacache.errors import CorruptCacheError
-from yogacache.manifest import Manifest
+from yogacache.format.manifest import Manifest
 
 VERIFIED_STAMP = ".verified.json"
 Verify = Literal["auto", "full", "size"]

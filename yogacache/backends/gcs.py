@@ -10,13 +10,7 @@ import io
 from pathlib import Path
 from typing import Any, Optional
 
-from yogacache.remote.objects import (
-    ObjectInfo,
-    ProgressCallback,
-    RemoteError,
-    RetryPolicy,
-    join_key,
-)
+from yogacache.backends.base import ObjectInfo, ProgressCallback, RemoteError, RetryPolicy, join_key, split_bucket_url
 
 try:
     from google.api_core import exceptions as gexc
@@ -93,6 +87,12 @@ class GCSObjectStore:
         self.timeout = timeout
         self._client = client or gcs.Client()
         self._bucket = self._client.bucket(bucket)
+
+    @classmethod
+    def from_url(cls, url: str, *, retry: RetryPolicy = RetryPolicy()) -> GCSObjectStore:
+        """``gs://bucket/prefix`` (``STORAGE_EMULATOR_HOST`` selects an emulator)."""
+        bucket, prefix = split_bucket_url(url)
+        return cls(bucket, prefix, retry=retry)
 
     def __repr__(self) -> str:
         return f"GCSObjectStore({self.url()!r})"

@@ -12,9 +12,10 @@ import os
 import uuid
 from pathlib import Path
 from typing import Optional
+from urllib.parse import urlparse
 
+from yogacache.backends.base import ObjectInfo, ProgressCallback, join_key
 from yogacache.locks import FileLock
-from yogacache.remote.objects import ObjectInfo, ProgressCallback, join_key
 
 _COPY_CHUNK = 8 << 20
 
@@ -28,6 +29,11 @@ class FileObjectStore:
 
     def __init__(self, root: Path | str) -> None:
         self.root = Path(root).absolute()
+
+    @classmethod
+    def from_url(cls, url: str) -> FileObjectStore:
+        """``file:///path``."""
+        return cls(Path(urlparse(url).path))
 
     def __repr__(self) -> str:
         return f"FileObjectStore({str(self.root)!r})"

@@ -19,10 +19,11 @@ from typing import Any, Callable, Optional, Sequence, TypeVar
 import lmdb
 import numpy as np
 
-from yogacache.codec import RecordCodec, unflatten
 from yogacache.errors import CorruptCacheError
-from yogacache.integrity import Verify, verify_parts
-from yogacache.manifest import Manifest, PartInfo
+from yogacache.format.codec import RecordCodec
+from yogacache.format.integrity import Verify, verify_parts
+from yogacache.format.manifest import Manifest, PartInfo
+from yogacache.format.spec import unflatten
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

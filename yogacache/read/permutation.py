@@ -18,10 +18,11 @@ from __future__ import annotations
 
 import hashlib
 import math
-import operator
 from typing import Any
 
 import numpy as np
+
+from yogacache.arguments import as_int
 
 # Rounds of the network (even, so the digits end in the bases they started in). Small domains
 # have few possible round functions and need more rounds to look uniformly shuffled.
@@ -44,13 +45,6 @@ def _mix(values: np.ndarray) -> np.ndarray:
     return values
 
 
-def _as_int(value: Any, what: str) -> int:
-    if isinstance(value, bool):
-        raise TypeError(f"{what} must be an integer, not bool")
-    try:
-        return operator.index(value)
-    except TypeError:
-        raise TypeError(f"{what} must be an integer, not {type(value).__name__}") from None
 
 
 class KeyedPermutation:
@@ -61,9 +55,9 @@ class KeyedPermutation:
     """
 
     def __init__(self, size: int, seed: int, epoch: int = 0) -> None:
-        self.size = _as_int(size, "size")
-        self.seed = _as_int(seed, "seed")
-        self.epoch = _as_int(epoch, "epoch")
+        self.size = as_int(size, "size")
+        self.seed = as_int(seed, "seed")
+        self.epoch = as_int(epoch, "epoch")
         if not 0 <= self.size <= MAX_SIZE:
             raise ValueError(f"size must be in [0, 2**62], got {self.size}")
         high_base = max(1, math.isqrt(max(0, self.size - 1)) + 1)  # ⌈√size⌉

@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass
 from typing import Optional
 
-from yogacache.remote.objects import ObjectStore
+from yogacache.backends.base import ObjectStore
 
 log = logging.getLogger(__name__)
 

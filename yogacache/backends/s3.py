@@ -6,13 +6,7 @@ import builtins
 from pathlib import Path
 from typing import Any, Optional
 
-from yogacache.remote.objects import (
-    ObjectInfo,
-    ProgressCallback,
-    RemoteError,
-    RetryPolicy,
-    join_key,
-)
+from yogacache.backends.base import ObjectInfo, ProgressCallback, RemoteError, RetryPolicy, join_key, split_bucket_url
 
 try:
     import boto3
@@ -76,6 +70,22 @@ class S3ObjectStore:
             multipart_chunksize=_MULTIPART,
             max_concurrency=max_concurrency,
             use_threads=True,
+        )
+
+    @classmethod
+    def from_url(
+        cls,
+        url: str,
+        *,
+        endpoint_url: Optional[str] = None,
+        access_key: Optional[str] = None,
+        secret_key: Optional[str] = None,
+        retry: RetryPolicy = RetryPolicy(),
+    ) -> S3ObjectStore:
+        """``s3://bucket/prefix``."""
+        bucket, prefix = split_bucket_url(url)
+        return cls(
+            bucket, prefix, endpoint_url=endpoint_url, access_key=access_key, secret_key=secret_key, retry=retry
         )
 
     def __repr__(self) -> str:

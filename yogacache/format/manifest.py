@@ -3,18 +3,17 @@
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from yogacache.codec import Spec, spec_from_json, spec_to_json
 from yogacache.errors import (
     CacheNotFoundError,
     CorruptCacheError,
     IncompatibleCacheError,
     YogaCacheError,
 )
+from yogacache.format.spec import Spec, spec_from_json, spec_to_json
 
 FORMAT_NAME = "yogacache"
 FORMAT_VERSION = 1
@@ -155,21 +154,3 @@ class Manifest:
         except FileNotFoundError as error:
             raise CacheNotFoundError(f"no cache at {directory} (no {MANIFEST_NAME})") from error
         return cls.from_bytes(data, str(path))
-
-
-def fsync_path(path: Path) -> None:
-    """fsyncs a file or directory by path."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def write_file_durably(path: Path, data: bytes) -> None:
-    """Writes ``data`` to ``path`` and fsyncs it (the directory is the caller's business)."""
-    with open(path, "wb") as handle:
-        handle.write(data)
-        handle.flush()
-        os.fsync(handle.fileno())
-

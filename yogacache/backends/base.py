@@ -14,8 +14,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional, Protocol, TypeVar
+from urllib.parse import urlparse
 
-from yogacache.errors import YogaCacheError
+from yogacache.errors import ConfigError, YogaCacheError
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -115,3 +116,11 @@ class ObjectStore(Protocol):
 
 def join_key(*parts: str) -> str:
     return "/".join(part.strip("/") for part in parts if part.strip("/"))
+
+
+def split_bucket_url(url: str) -> tuple[str, str]:
+    """``scheme://bucket/some/prefix`` as ``("bucket", "some/prefix")``."""
+    parsed = urlparse(url)
+    if not parsed.netloc:
+        raise ConfigError(f"storage URL {url!r} names no bucket")
+    return parsed.netloc, parsed.path.strip("/")

@@ -1,0 +1,64 @@
+"""The backend registry: a URL scheme names an ``ObjectStore`` class, imported only when used.
+
+As fsspec's ``registry.py``: each entry is an import string plus the hint to show when the
+library behind it is missing. Adding a backend is one module implementing ``ObjectStore``
+(with a ``from_url`` constructor), one line here, and one parameter of the backend contract
+tests.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlparse
+
+from yogacache.backends.base import ObjectStore
+from yogacache.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class BackendEntry:
+    """Where a backend class lives (``"module:Class"``) and how to install what it needs."""
+
+    target: str
+    install_hint: str = ""
+
+
+BACKENDS: dict[str, BackendEntry] = {
+    "file": BackendEntry("yogacache.backends.files:FileObjectStore"),
+    "s3": BackendEntry("yogacache.backends.s3:S3ObjectStore", "pip install 'yogacache[s3]'"),
+    "gs": BackendEntry("yogacache.backends.gcs:GCSObjectStore", "pip install 'yogacache[gcs]'"),
+}
+ALIASES = {"gcs": "gs"}
+
+
+def backend_class(scheme: str) -> type:
+    """The ``ObjectStore`` class registered for ``scheme`` (imported now)."""
+    scheme = ALIASES.get(scheme, scheme)
+    entry = BACKENDS.get(scheme)
+    if entry is None:
+        known = ", ".join(f"{name}://" for name in sorted(BACKENDS))
+        raise ConfigError(f"unsupported storage scheme {scheme!r}: use one of {known} or a directory")
+    module_name, _, class_name = entry.target.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as error:
+        hint = f": {entry.install_hint}" if entry.install_hint else ""
+        raise ImportError(f"{scheme}:// storage needs a library that is not installed{hint}") from error
+    return getattr(module, class_name)  # type: ignore[no-any-return]
+
+
+def open_backend(url: str, **options: Any) -> ObjectStore:
+    """The object store at ``url`` (``s3://bucket/prefix``, ``gs://bucket/prefix``,
+    ``file:///path``); ``options`` are backend settings (``endpoint_url``, credentials,
+    ``retry``), those left ``None`` dropped."""
+    scheme = urlparse(url).scheme
+    if not scheme:
+        raise ConfigError(f"storage URL {url!r} has no scheme: use s3://, gs:// or file://")
+    cls = backend_class(scheme)
+    given = {key: value for key, value in options.items() if value is not None}
+    try:
+        return cls.from_url(url, **given)  # type: ignore[attr-defined,no-any-return]
+    except TypeError as error:
+        raise ConfigError(f"{scheme}:// storage does not take these settings: {sorted(given)}") from error
