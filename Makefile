@@ -26,9 +26,11 @@ demo: $(VENV)/.installed
 test: $(VENV)/.installed-dev
 	$(PY) -m pytest $(PYTEST_ARGS)
 
+# Layers (import-linter contracts in pyproject.toml), style and types: run by .ci/run before the tests.
 lint: $(VENV)/.installed-dev
 	$(PY) -m ruff check yogacache tests examples benchmarks
 	$(PY) -m mypy
+	$(VENV)/bin/lint-imports
 
 bench: $(VENV)/.installed
 	$(PY) benchmarks/bench_core.py

@@ -6,6 +6,7 @@ local store answers "no remote copy" where a remote store would talk to its back
 
 from __future__ import annotations
 
+import builtins
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional, Protocol
@@ -66,8 +67,11 @@ class Store(Protocol):
     ``remote_url`` is where caches are published, None for a store without a remote.
     """
 
-    root: Path
-    remote_url: Optional[str]
+    @property
+    def root(self) -> Path: ...
+
+    @property
+    def remote_url(self) -> Optional[str]: ...
 
     def location(self, dataset_id: str, dataset_version: str) -> str:
         """Where the cache lives, for messages: a directory or a URL (never credentials)."""
@@ -97,7 +101,9 @@ class Store(Protocol):
         """Re-hashes the local copy's parts; CorruptCacheError on any mismatch."""
         ...
 
-    def remove(self, dataset_id: str, dataset_version: str, *, remote: bool = False, local: bool = True) -> list[str]:
+    def remove(
+        self, dataset_id: str, dataset_version: str, *, remote: bool = False, local: bool = True
+    ) -> builtins.list[str]:
         """Removes the published cache and/or the local copy; returns what was removed."""
         ...
 

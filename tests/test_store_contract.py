@@ -1,0 +1,175 @@
+"""One contract for every Store: the local store, and the remote store over the directory, S3 and
+GCS backends (moto's server and fake-gcs-server on 127.0.0.1), all built by ``open_store``.
+
+Each test runs against each store kind. Remote stores are "nodes": several stores share one
+published location, each with its own node-local root, as separate machines would.
+"""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import pytest
+
+from yogacache.errors import CacheNotFoundError, ConfigError, CorruptCacheError, InvalidNameError
+from yogacache.store import CacheEntry, Store, open_store
+
+KINDS = ["local", "remote-directory", "remote-s3", "remote-gcs"]
+Nodes = Callable[[str], Store]
+
+
+def records(n: int = 40, fill: int = 0) -> list[dict[str, Any]]:
+    return [{"x": np.full((3,), i + fill, dtype=np.int32), "name": f"r{i}".encode()} for i in range(n)]
+
+
+def read_all(store: Store, dataset_id: str = "ds", version: str = "v1") -> list[int]:
+    reader = store.open(dataset_id, version)
+    return [int(element["x"][0]) for element in reader.read_elements(np.arange(len(reader)))]
+
+
+@pytest.fixture(params=KINDS)
+def nodes(request: pytest.FixtureRequest, tmp_path: Path) -> Nodes:
+    """A function from a node name to that node's store; all nodes share the published caches."""
+    kind = request.param
+    prefix = f"caches-{uuid.uuid4().hex[:8]}"
+    if kind == "local":
+        target: Any = tmp_path / "shared"
+    elif kind == "remote-directory":
+        target = f"file://{tmp_path / 'bucket' / prefix}"
+    elif kind == "remote-s3":
+        server = request.getfixturevalue("s3_server")
+        target = {
+            "type": "s3",
+            "bucket": server.new_bucket(),
+            "bucket_directory_path": prefix,
+            "endpoint_url": server.endpoint_url,
+            "access_key": server.access_key,
+            "secret_key": server.secret_key,
+        }
+    else:
+        server = request.getfixturevalue("gcs_server")
+        target = {"type": "gcs", "bucket": server.new_bucket(), "bucket_directory_path": prefix}
+
+    def node(name: str) -> Store:
+        local = str(tmp_path / f"node-{name}")
+        if isinstance(target, dict):
+            config = {**target, "local_cache_host_path": local, "local_cache_container_path": local}
+            return open_store(config, show_progress=False)
+        return open_store(target, local_cache=local, show_progress=False)
+
+    return node
+
+
+def test_a_missing_cache_is_not_found_everywhere(nodes: Nodes) -> None:
+    store = nodes("a")
+    with pytest.raises(CacheNotFoundError):
+        store.open("ds", "v1")
+    with pytest.raises(CacheNotFoundError):
+        store.manifest("ds", "v1")
+    assert store.list() == []
+
+
+def test_get_or_build_builds_once_and_every_node_reads_it(nodes: Nodes) -> None:
+    calls = []
+
+    def make() -> list[dict[str, Any]]:
+        calls.append(1)
+        return records()
+
+    a, b = nodes("a"), nodes("b")
+    first = a.get_or_build("ds", "v1", make)
+    assert len(first) == 40
+    again = a.get_or_build("ds", "v1", make)
+    other = b.get_or_build("ds", "v1", make)
+    assert len(calls) == 1
+    assert again.manifest.freshness == other.manifest.freshness == first.manifest.freshness
+    assert read_all(b) == list(range(40))
+
+
+def test_build_then_list_describes_the_cache(nodes: Nodes) -> None:
+    store = nodes("a")
+    manifest = store.build("ds", "v1", records(25))
+    assert manifest.num_records == 25
+    assert store.manifest("ds", "v1").build_id == manifest.build_id
+    (entry,) = store.list()
+    assert isinstance(entry, CacheEntry)
+    assert (entry.dataset_id, entry.dataset_version) == ("ds", "v1")
+    assert entry.manifest is not None and entry.manifest.num_records == 25
+    assert "ds" in store.location("ds", "v1") and "v1" in store.location("ds", "v1")
+    if store.remote_url is None:
+        assert entry.where == "local" and entry.remote is None
+    else:
+        assert entry.where == "remote+local" and entry.current and entry.copy_state == "current"
+        assert entry.remote_url == store.location("ds", "v1")
+
+
+def test_a_new_build_replaces_the_old_one_for_later_readers(nodes: Nodes) -> None:
+    store = nodes("a")
+    store.build("ds", "v1", records(10))
+    old = store.open("ds", "v1")
+    if store.remote_url is not None:
+        store.remove("ds", "v1", remote=True, local=False)  # remote stores publish once
+    store.build("ds", "v1", records(10, fill=100))
+    assert read_all(nodes("b")) == list(range(100, 110))
+    # A reader opened before keeps reading the build it opened.
+    assert [int(e["x"][0]) for e in old.read_elements(np.arange(10))] == list(range(10))
+
+
+def test_remove_deletes_exactly_that_cache(nodes: Nodes) -> None:
+    store = nodes("a")
+    store.build("ds", "v1", records(5))
+    store.build("ds", "v2", records(6))
+    removed = store.remove("ds", "v1", remote=store.remote_url is not None, local=True)
+    assert removed
+    with pytest.raises(CacheNotFoundError):
+        nodes("fresh").open("ds", "v1")
+    assert [(e.dataset_id, e.dataset_version) for e in store.list()] == [("ds", "v2")]
+    assert read_all(store, version="v2") == list(range(6))
+
+
+def test_verify_passes_then_catches_a_flipped_bit(nodes: Nodes) -> None:
+    store = nodes("a")
+    manifest = store.build("ds", "v1", records(30))
+    assert store.verify("ds", "v1").build_id == manifest.build_id
+    part = store.root / "ds" / "v1" / manifest.parts[0].name
+    data = bytearray(part.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    part.write_bytes(bytes(data))
+    with pytest.raises(CorruptCacheError):
+        store.verify("ds", "v1")
+
+
+def test_pull_and_push_need_a_remote(nodes: Nodes) -> None:
+    a = nodes("a")
+    a.build("ds", "v1", records(8))
+    if a.remote_url is None:
+        with pytest.raises(ConfigError, match="remote storage"):
+            a.pull("ds", "v1")
+        with pytest.raises(ConfigError, match="remote storage"):
+            a.push("ds", "v1")
+        with pytest.raises(ConfigError, match="remote storage"):
+            a.remove("ds", "v1", remote=True)
+        return
+    assert a.push("ds", "v1").num_records == 8  # already published: a no-op
+    b = nodes("b")
+    reader = b.pull("ds", "v1")
+    assert reader.directory == b.root / "ds" / "v1"
+    (entry,) = b.list()
+    assert entry.current
+
+
+@pytest.mark.parametrize("bad", ["../x", "", ".", "a/b", "/abs"])
+def test_names_are_refused_before_any_io(nodes: Nodes, bad: str) -> None:
+    store = nodes("a")
+    for call in (
+        lambda: store.open(bad, "v1"),
+        lambda: store.build("ds", bad, records(1)),
+        lambda: store.get_or_build(bad, "v1", lambda: records(1)),
+        lambda: store.remove("ds", bad),
+        lambda: store.location(bad, "v1"),
+    ):
+        with pytest.raises(InvalidNameError):
+            call()
