@@ -6,6 +6,7 @@ does not know the record format beyond the writer and reader it drives.
 
 from __future__ import annotations
 
+import builtins
 import logging
 import os
 import shutil
@@ -196,7 +197,7 @@ class CacheStore:
 
     def remove(
         self, dataset_id: str, dataset_version: str, *, remote: bool = False, local: bool = True
-    ) -> list[str]:
+    ) -> builtins.list[str]:
         """Deletes exactly one cache; refuses symlinks and anything outside the root."""
         if remote:
             raise ConfigError("--remote needs a remote storage (s3://, gs:// or an s3/gcs config)")
