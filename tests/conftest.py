@@ -15,9 +15,12 @@ REPO = Path(__file__).resolve().parent.parent
 
 @pytest.fixture(autouse=True)
 def private_default_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """No test writes into the user's real cache directory."""
+    """No test writes into the user's real cache or state directory."""
     root = tmp_path / "default-root"
     monkeypatch.setenv("YOGACACHE_HOME", str(root))
+    state = tmp_path / "yogacache-state-default"
+    state.mkdir(mode=0o700)
+    monkeypatch.setenv("YOGACACHE_STATE_DIR", str(state))
     monkeypatch.delenv("YOGACACHE_STORAGE", raising=False)
     return root
 

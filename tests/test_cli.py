@@ -191,7 +191,7 @@ def test_rm_refuses_a_symlinked_cache_directory(root: Path, tmp_path: Path) -> N
     assert "symbolic link" in result.stderr or "symlink" in result.stderr, result.stderr
     assert (root / "linked" / "v1").is_symlink()
     assert CacheStore(elsewhere).verify_cache("real", "v1").num_records == 5
-    assert sorted(p.name for p in target.iterdir()) == [".verified.json", "manifest.json", "part-00000.mdb"]
+    assert sorted(p.name for p in target.iterdir()) == ["manifest.json", "part-00000.mdb"]
 
 
 def test_rm_refuses_a_symlinked_dataset_directory(root: Path, tmp_path: Path) -> None:

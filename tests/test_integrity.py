@@ -15,13 +15,21 @@ import numpy as np
 import pytest
 
 from yogacache.errors import CacheNotFoundError, CorruptCacheError, IncompatibleCacheError
-from yogacache.format.integrity import VERIFIED_STAMP
+from yogacache.format.integrity import STAMPS_DIR
 from yogacache.format.manifest import MANIFEST_NAME
 from yogacache.storage import LFSConfigurations, LFSStorage
 from yogacache.store.local import CacheStore
 
 REPO = Path(__file__).resolve().parent.parent
 N = 20_000  # enough int64 records for several parts with a small part size
+
+
+@pytest.fixture(autouse=True)
+def state_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Verification stamps of this test, in a private state directory (subprocesses inherit it)."""
+    state = tmp_path / "state"
+    monkeypatch.setenv("YOGACACHE_STATE_DIR", str(state))
+    return state
 
 
 def build(root: Path, n: int = N, part_size_bytes: int = 50_000) -> CacheStore:
@@ -103,10 +111,12 @@ def test_verify_cache_passes_on_a_good_cache(tmp_path: Path) -> None:
         store.verify_cache("data", "v2")
 
 
-def test_stamp_does_not_hide_a_modification(tmp_path: Path) -> None:
+def test_stamp_does_not_hide_a_modification(tmp_path: Path, state_dir: Path) -> None:
     store = build(tmp_path)
     store.open("data", "v1")
-    assert (cache_dir(tmp_path) / VERIFIED_STAMP).is_file()
+    # One stamp per part, in the state directory; none in the cache.
+    assert len(list((state_dir / STAMPS_DIR).glob("*.json"))) == len(parts(tmp_path))
+    assert {p.name for p in cache_dir(tmp_path).iterdir()} == {MANIFEST_NAME, *(p.name for p in parts(tmp_path))}
     target = parts(tmp_path)[1]
     before = target.stat()
     flip_byte(target)
@@ -135,10 +145,14 @@ def test_stamp_does_not_hide_a_replaced_part(tmp_path: Path) -> None:
 def test_stamp_is_not_trusted_for_a_forged_stamp_of_other_files(tmp_path: Path) -> None:
     store = build(tmp_path)
     store.open("data", "v1")
-    stamp_path = cache_dir(tmp_path) / VERIFIED_STAMP
-    stamp = json.loads(stamp_path.read_text())
     flip_byte(parts(tmp_path)[0])
-    stamp_path.write_text(json.dumps(stamp))  # the stale stamp is still there
+    # A stamp in the cache, as yogacache 0.1.0 wrote them, vouching for the damaged file as it
+    # is now: stamps in caches are ignored (anyone who can write the cache could forge one).
+    forged = {}
+    for part in json.loads((cache_dir(tmp_path) / MANIFEST_NAME).read_text())["parts"]:
+        st = (cache_dir(tmp_path) / part["name"]).stat()
+        forged[part["name"]] = [part["sha256"], st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev]
+    (cache_dir(tmp_path) / ".verified.json").write_text(json.dumps(forged))
     with pytest.raises(CorruptCacheError):
         store.open("data", "v1")
 

@@ -1,22 +1,56 @@
-"""Integrity of sealed caches: part hashes, and stamps that spare re-hashing unchanged files."""
+"""Integrity of sealed caches: part hashes, and node-local stamps that spare re-hashing unchanged files.
+
+Verifying never writes into a cache directory: a sealed cache may sit on a read-only mount or
+belong to another user. A stamp is a small file in this user's state directory (see
+``state_dir``) whose name hashes a part file's identity (device, inode, size, mtime, ctime)
+together with the SHA-256 the manifest gives for that part. It says "the file with exactly this
+identity was hashed and had exactly this hash". Writing to a file changes its ctime and replacing
+it changes its inode, so a stamp never vouches for other bytes. Stamps are best effort: where the
+state directory cannot be written, or is not private to this user, verification re-hashes.
+"""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import stat
+import tempfile
 from pathlib import Path
-from typing import Any, Literal, Optional
+from typing import Literal, Optional
 
 from yogacache.errors import CorruptCacheError
 from yogacache.format.manifest import Manifest
 
-VERIFIED_STAMP = ".verified.json"
 Verify = Literal["auto", "full", "size"]
+VERIFY_MODES: tuple[Verify, ...] = ("auto", "full", "size")
+STATE_DIR_ENV = "YOGACACHE_STATE_DIR"
+STAMPS_DIR = "verified-parts"
+_STAMP_KIND = "yogacache-verified-part-v1"
+
+# (st_dev, st_ino, st_size, st_mtime_ns, st_ctime_ns) of a part file.
+FileIdentity = tuple[int, int, int, int, int]
 
 
-def _file_identity(path: Path) -> list[int]:
-    st = path.stat()
-    return [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev]
+def state_dir() -> Optional[Path]:
+    """This user's node-local state: ``$YOGACACHE_STATE_DIR``, else ``$XDG_STATE_HOME/yogacache``,
+    else ``~/.local/state/yogacache``; None when no home directory can be determined."""
+    explicit = os.environ.get(STATE_DIR_ENV)
+    if explicit:
+        return Path(explicit).expanduser()
+    xdg = os.environ.get("XDG_STATE_HOME")
+    if xdg and os.path.isabs(xdg):  # the XDG spec says to ignore relative paths
+        return Path(xdg) / "yogacache"
+    try:
+        return Path.home() / ".local" / "state" / "yogacache"
+    except (RuntimeError, KeyError):
+        return None
+
+
+def file_identity(path: Path) -> FileIdentity:
+    """What changes whenever the file's bytes may have: any write moves ctime, a replacement the inode."""
+    st = os.stat(path)
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
 def verify_parts(
@@ -28,69 +62,118 @@ def verify_parts(
     """Raises CorruptCacheError unless every part has its manifest size (and hash).
 
     ``size`` checks sizes only; ``full`` re-hashes every part; ``auto`` re-hashes the parts
-    whose size, times or inode changed since the stamp written when they were last hashed.
+    with no stamp for their current identity. ``opened`` maps part names to paths that reach
+    files already held open (messages still name ``directory``). Writes nothing in ``directory``.
     """
-    stamp_path = directory / VERIFIED_STAMP
-    stamp: dict[str, Any] = {}
-    if mode == "auto":
-        try:
-            stamp = json.loads(stamp_path.read_text())
-        except (OSError, ValueError):
-            stamp = {}
-    new_stamp: dict[str, Any] = {}
+    if mode not in VERIFY_MODES:
+        raise ValueError(f"verify must be one of {', '.join(VERIFY_MODES)}, got {mode!r}")
     for part in manifest.parts:
         shown = directory / part.name  # what messages name
         path = (opened or {}).get(part.name, shown)
         try:
-            identity = _file_identity(path)
+            identity = file_identity(path)
         except FileNotFoundError as error:
             raise CorruptCacheError(f"cache part {shown} is missing") from error
-        if identity[0] != part.size_bytes:
+        if identity[2] != part.size_bytes:
             raise CorruptCacheError(
-                f"cache part {shown} is {identity[0]} bytes, the manifest says {part.size_bytes} "
+                f"cache part {shown} is {identity[2]} bytes, the manifest says {part.size_bytes} "
                 "(truncated or replaced); remove the cache and rebuild it"
             )
-        if mode == "size":
+        if mode == "size" or (mode == "auto" and has_stamp(identity, part.sha256)):
             continue
-        if mode == "auto" and stamp.get(part.name) == [part.sha256, *identity]:
-            new_stamp[part.name] = stamp[part.name]
-            continue
-        digest = sha256_file(path)
-        if digest != part.sha256:
+        # The identity was taken before hashing: a change while hashing leaves a stamp that
+        # never matches again.
+        if sha256_file(path) != part.sha256:
             raise CorruptCacheError(
                 f"cache part {shown} does not match its manifest hash (altered or damaged); "
                 "remove the cache and rebuild it"
             )
-        new_stamp[part.name] = [part.sha256, *identity]
-    if mode != "size" and new_stamp != stamp:
-        write_stamp(directory, new_stamp)
+        write_stamp(identity, part.sha256)
 
 
-def write_stamp(directory: Path, stamp: dict[str, Any]) -> None:
-    """Records which part files were verified, best effort (a read-only cache just re-hashes)."""
-    tmp = directory / f"{VERIFIED_STAMP}.{os.getpid()}"
+def stamp_verified(directory: Path, manifest: Manifest) -> None:
+    """Stamps the parts the caller has just hashed in its private directory (a build, a download)."""
+    for part in manifest.parts:
+        try:
+            identity = file_identity(directory / part.name)
+        except OSError:
+            continue
+        write_stamp(identity, part.sha256)
+
+
+def has_stamp(identity: FileIdentity, sha256: str) -> bool:
+    """Whether this user's state holds a stamp saying the file ``identity`` hashed to ``sha256``."""
+    stamps = _stamps_dir(create=False)
+    if stamps is None:
+        return False
     try:
-        tmp.write_text(json.dumps(stamp))
-        os.replace(tmp, directory / VERIFIED_STAMP)
+        fd = os.open(stamps / _stamp_name(identity, sha256), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        if os.fstat(fd).st_uid != os.geteuid():
+            return False
+        with os.fdopen(fd, "rb", closefd=False) as handle:
+            recorded = json.loads(handle.read(4096))
+    except (OSError, ValueError):
+        return False
+    finally:
+        os.close(fd)
+    return bool(recorded == _stamp_content(identity, sha256))
+
+
+def write_stamp(identity: FileIdentity, sha256: str) -> None:
+    """Records that the file ``identity`` hashed to ``sha256``: atomically, best effort."""
+    stamps = _stamps_dir(create=True)
+    if stamps is None:
+        return
+    name = _stamp_name(identity, sha256)
+    try:
+        fd, tmp = tempfile.mkstemp(dir=stamps, prefix=f".{name}.", suffix=".tmp")  # mode 0o600
+    except OSError:
+        return
+    try:
+        with os.fdopen(fd, "w") as handle:
+            json.dump(_stamp_content(identity, sha256), handle)
+        os.replace(tmp, stamps / name)
     except OSError:
         try:
-            tmp.unlink()
+            os.unlink(tmp)
         except OSError:
             pass
 
 
-def stamp_verified(directory: Path, manifest: Manifest) -> None:
-    """Writes the stamp for parts the writer just hashed."""
-    write_stamp(
-        directory,
-        {part.name: [part.sha256, *_file_identity(directory / part.name)] for part in manifest.parts},
-    )
+def _stamps_dir(create: bool) -> Optional[Path]:
+    """The stamp directory, or None where it is missing (and not to be created) or not private.
+
+    A directory another user can write to could hold forged stamps: it is neither read nor written.
+    """
+    root = state_dir()
+    if root is None:
+        return None
+    stamps = root / STAMPS_DIR
+    try:
+        if create:
+            root.mkdir(parents=True, exist_ok=True, mode=0o700)
+            stamps.mkdir(exist_ok=True, mode=0o700)
+        st = os.stat(stamps)
+    except (OSError, RuntimeError):
+        return None
+    private = st.st_uid == os.geteuid() and not st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+    return stamps if stat.S_ISDIR(st.st_mode) and private else None
+
+
+def _stamp_content(identity: FileIdentity, sha256: str) -> dict[str, object]:
+    return {"kind": _STAMP_KIND, "identity": list(identity), "sha256": sha256}
+
+
+def _stamp_name(identity: FileIdentity, sha256: str) -> str:
+    key = json.dumps([_STAMP_KIND, *identity, sha256])
+    return hashlib.sha256(key.encode("utf-8")).hexdigest() + ".json"
 
 
 def sha256_file(path: Path, chunk_size: int = 8 << 20) -> str:
     """The hex SHA-256 of a file's bytes."""
-    import hashlib
-
     digest = hashlib.sha256()
     with open(path, "rb", buffering=0) as handle:
         buffer = bytearray(chunk_size)

@@ -13,11 +13,16 @@ from yogacache.errors import (
     IncompatibleCacheError,
     YogaCacheError,
 )
+from yogacache.format.codec import CODEC_NAME
 from yogacache.format.spec import Spec, spec_from_json, spec_to_json
 
 FORMAT_NAME = "yogacache"
 FORMAT_VERSION = 1
 MANIFEST_NAME = "manifest.json"
+# The record codecs this version reads. A manifest without a ``codec`` field was written by
+# yogacache 0.1.0, whose records are all msgpack-leaves-v1.
+KNOWN_CODECS = frozenset({CODEC_NAME})
+LEGACY_CODEC = "msgpack-leaves-v1"
 
 
 def part_name(index: int) -> str:
@@ -49,6 +54,7 @@ class Manifest:
     build_id: str
     writer_version: str
     source: str = "python"
+    codec: str = CODEC_NAME
     format_version: int = FORMAT_VERSION
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -75,6 +81,7 @@ class Manifest:
             "build_id": self.build_id,
             "writer_version": self.writer_version,
             "source": self.source,
+            "codec": self.codec,
             "extra": self.extra,
         }
 
@@ -98,6 +105,14 @@ class Manifest:
                 f"cache at {where} was written in format version {version}; this yogacache "
                 f"reads up to version {FORMAT_VERSION}: upgrade yogacache to read it"
             )
+        codec = raw.get("codec", LEGACY_CODEC)
+        if not isinstance(codec, str):
+            raise CorruptCacheError(f"manifest {where} has a codec that is not a name: {codec!r}")
+        if codec not in KNOWN_CODECS:
+            raise IncompatibleCacheError(
+                f"cache at {where} holds records written with codec {codec!r}; this yogacache "
+                f"reads {', '.join(sorted(KNOWN_CODECS))}: upgrade yogacache to read it"
+            )
         try:
             parts = tuple(
                 PartInfo(
@@ -120,6 +135,7 @@ class Manifest:
                 build_id=str(raw["build_id"]),
                 writer_version=str(raw["writer_version"]),
                 source=str(raw.get("source", "python")),
+                codec=codec,
                 format_version=version,
                 extra=dict(raw.get("extra") or {}),
             )

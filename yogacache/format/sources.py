@@ -1,14 +1,18 @@
 """Record sources: what a cache is built from, turned into batches of encoded records.
 
-A source knows its element spec and yields lists of msgpack records. TensorFlow datasets
-are handled by ``yogacache.tensorflow`` (imported only when one is given); any other
-iterable of nested dicts/tuples of arrays, numbers, strings and bytes is a Python source.
+A source knows its element spec and yields lists of msgpack records. Framework datasets are
+built by the adapter named in ``SOURCES`` (as fsspec's registry: a detector that imports
+nothing, a ``"module:Class"`` import string resolved only when the detector matches, and an
+install hint), so this layer imports no framework. Any other iterable of nested dicts/tuples
+of arrays, numbers, strings and bytes is a Python source.
 """
 
 from __future__ import annotations
 
+import importlib
 import itertools
-from typing import Any, Iterable, Iterator, Optional, Protocol
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Iterator, Optional, Protocol
 
 from yogacache.errors import UnsupportedDatasetError
 from yogacache.format.codec import RecordCodec
@@ -132,12 +136,40 @@ def is_torch_iterable_dataset(data: Any) -> bool:
     )
 
 
-def source_for(data: Any) -> RecordSource:
-    """The source that builds a cache from ``data`` (a tf.data.Dataset or an iterable)."""
-    if is_tensorflow_dataset(data):
-        from yogacache.tensorflow import TFDatasetSource
+@dataclass(frozen=True)
+class SourceEntry:
+    """A framework's record source: how to recognise its datasets without importing it, where
+    its source class lives (``"module:Class"``) and how to install what it needs."""
 
-        return TFDatasetSource(data)
+    detect: Callable[[Any], bool]
+    target: str
+    install_hint: str
+
+    def load(self) -> Callable[[Any], RecordSource]:
+        """The source class, imported now."""
+        module_name, _, class_name = self.target.partition(":")
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError as error:
+            raise ImportError(f"{self.target} cannot be imported: {self.install_hint} ({error})") from error
+        return getattr(module, class_name)  # type: ignore[no-any-return]
+
+
+SOURCES: tuple[SourceEntry, ...] = (
+    SourceEntry(
+        is_tensorflow_dataset,
+        "yogacache.tensorflow:TFDatasetSource",
+        "caching a tf.data.Dataset needs TensorFlow: pip install 'yogacache[tf]'",
+    ),
+)
+
+
+def source_for(data: Any) -> RecordSource:
+    """The source that builds a cache from ``data`` (a registered framework's dataset, a
+    map-style dataset or an iterable)."""
+    for entry in SOURCES:
+        if entry.detect(data):
+            return entry.load()(data)
     if (
         hasattr(data, "__getitem__")
         and hasattr(data, "__len__")

@@ -25,6 +25,7 @@ import lmdb
 import numpy as np
 
 from yogacache.errors import BuildError, CacheLimitExceededError
+from yogacache.format.codec import CODEC_NAME
 from yogacache.format.durability import (
     fsync_path,
     replace_directory,
@@ -338,7 +339,9 @@ class CacheWriter:
                 build_id=self.build_id,
                 writer_version=f"yogacache {__version__}",
                 source=source,
+                codec=CODEC_NAME,
             )
+            # Stamps go to this user's state directory, never into the cache.
             stamp_verified(self.directory, manifest)
             write_file_durably(self.directory / MANIFEST_NAME, manifest.to_bytes())
             fsync_path(self.directory)
