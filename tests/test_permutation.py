@@ -10,6 +10,7 @@ record exactly once, followed by the epochs of an uninterrupted run.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import tracemalloc
 from typing import Any, Optional
@@ -20,6 +21,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from yogacache.dataref import CacheDataRef
+from yogacache.read.options import ReadOptions
 from yogacache.read.permutation import KeyedPermutation
 from yogacache.read.schedule import ReadSchedule, ResumeState
 from yogacache.store.local import CacheStore
@@ -36,15 +38,17 @@ def schedule(
 ) -> ReadSchedule:
     return ReadSchedule(
         n,
-        shard_rank=rank,
-        num_shards=shards,
-        drop_remainder=drop,
-        shuffle=seed is not None,
-        reshuffle_each_epoch=seed is not None and not kw.pop("skip", False),
-        seed=seed,
-        shuffle_mode="global",
-        resume_state=state,
-        **kw,
+        ReadOptions(
+            shard_rank=rank,
+            num_shards=shards,
+            drop_shard_remainder=drop,
+            shuffle=seed is not None,
+            reshuffle_each_epoch=seed is not None and not kw.pop("skip", False),
+            shuffle_seed=seed,
+            shuffle_mode="global",
+            resume_state=state,
+            **kw,
+        ),
     )
 
 
@@ -108,17 +112,17 @@ def test_billion_record_range_without_per_record_memory() -> None:
         state = s.state(s.start, 100_000_000)  # 100M records into the epoch on rank 5 of 8
         resumed = schedule(n, 2, 3, seed=11, drop=True, state=state)
         plan = resumed.plan(*resumed.start)
-        piece = plan.indices(len(plan) - 1024, len(plan))
+        last_read = plan.indices(len(plan) - 1024, len(plan))
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
     assert peak < 4 << 20, f"peak {peak} bytes"
     assert len(set(tail.tolist())) == 4096 and tail.min() >= 0 and tail.max() < n
     assert state["consumed"] == 800_000_000 and len(json.dumps(state)) < 1024
-    assert len(plan) == (n - 800_000_000) // 3 and len(set(piece.tolist())) == 1024
-    # The last piece of rank 2 is at global positions 8e8 + 2 + 3j.
+    assert len(plan) == (n - 800_000_000) // 3 and len(set(last_read.tolist())) == 1024
+    # The last read of rank 2 is at global positions 8e8 + 2 + 3j.
     positions = 800_000_000 + 2 + 3 * np.arange(len(plan) - 1024, len(plan))
-    np.testing.assert_array_equal(piece, perm_at(n, 11, 0, positions))
+    np.testing.assert_array_equal(last_read, perm_at(n, 11, 0, positions))
 
 
 def perm_at(n: int, seed: int, epoch: int, positions: np.ndarray) -> np.ndarray:
@@ -164,7 +168,9 @@ def test_a_rank_reads_a_different_subset_every_epoch() -> None:
     subsets = [frozenset(read_epoch_from(s, (epoch, 0))) for epoch in range(4)]
     assert len(set(subsets)) == 4
     # With YogaDL's shard order the subset never changes: that is what global mode is for.
-    shard = ReadSchedule(n, shard_rank=1, num_shards=shards, shuffle=True, reshuffle_each_epoch=True, seed=3)
+    shard = ReadSchedule(
+        n, ReadOptions(shard_rank=1, num_shards=shards, shuffle=True, reshuffle_each_epoch=True, shuffle_seed=3)
+    )
     assert len({frozenset(read_epoch_from(shard, (epoch, 0))) for epoch in range(4)}) == 1
 
 
@@ -307,7 +313,7 @@ def test_resume_state_is_small_and_checked() -> None:
     with pytest.raises(ValueError, match="records"):
         schedule(101, 0, 4, seed=3, drop=True, state=state)
     with pytest.raises(ValueError, match="shuffle_mode"):
-        ReadSchedule(100, shuffle=True, seed=3, resume_state=state)  # a shard-mode reader
+        ReadSchedule(100, ReadOptions(shuffle=True, shuffle_seed=3, resume_state=state))  # a shard-mode reader
     with pytest.raises(ValueError, match="unknown keys"):
         schedule(100, 0, 4, seed=3, drop=True, state={**state, "extra": 1})
     with pytest.raises(ValueError, match="consumed"):
@@ -315,23 +321,20 @@ def test_resume_state_is_small_and_checked() -> None:
     with pytest.raises(ValueError, match="either"):
         schedule(100, 0, 4, seed=3, drop=True, state=state, start_offset=3)
     with pytest.raises(ValueError, match="shuffle_seed"):
-        ReadSchedule(100, shuffle=True, reshuffle_each_epoch=True, seed=None, shuffle_mode="global")
+        ReadOptions(shuffle=True, reshuffle_each_epoch=True, shuffle_seed=None, shuffle_mode="global")
     with pytest.raises(ValueError, match="shuffle_mode"):
-        ReadSchedule(100, shuffle_mode="local")
+        ReadOptions(shuffle_mode="local")
 
 
 def test_shard_mode_state_resumes_only_the_same_shard() -> None:
-    s = ReadSchedule(100, shard_rank=1, num_shards=4, shuffle=True, reshuffle_each_epoch=True, seed=3)
+    options = ReadOptions(shard_rank=1, num_shards=4, shuffle=True, reshuffle_each_epoch=True, shuffle_seed=3)
+    s = ReadSchedule(100, options)
     state = s.state(s.start, 30)  # 25 per shard: epoch 1, position 5
     assert (state["mode"], state["epoch"], state["consumed"]) == ("shard", 1, 5)
-    same = ReadSchedule(
-        100, shard_rank=1, num_shards=4, shuffle=True, reshuffle_each_epoch=True, seed=3, resume_state=state
-    )
+    same = ReadSchedule(100, dataclasses.replace(options, resume_state=state))
     assert same.start == (1, 5)
     with pytest.raises(ValueError, match="global"):
-        ReadSchedule(
-            100, shard_rank=1, num_shards=2, shuffle=True, reshuffle_each_epoch=True, seed=3, resume_state=state
-        )
+        ReadSchedule(100, dataclasses.replace(options, num_shards=2, resume_state=state))
 
 
 # -- through DataRef.stream ---------------------------------------------------------------------

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, Iterable
 
 import numpy as np
@@ -237,6 +238,32 @@ def test_state_dict_counts_what_was_handed_out_in_process(ref: CacheDataRef) -> 
     assert ds.state_dict(records_consumed=20)["consumed"] == 20  # told by the caller
     ds.set_epoch(3)
     assert (ds.state_dict()["epoch"], ds.state_dict()["consumed"]) == (3, 0)
+
+
+def test_public_counting_drives_state_dict(ref: CacheDataRef) -> None:
+    ds = CacheIterableDataset(ref, batch_size=4)
+    ds.count_consumed({"i": torch.arange(4), "x": torch.zeros(4, 2, 3), "name": [b""] * 4}, batch=True)
+    first = next(iter(CacheDataset(ref)))
+    ds.count_consumed(first, batch=False)
+    assert check(first) == 0
+    assert ds.state_dict()["consumed"] == 5
+    ds.reset_consumed()
+    assert ds.state_dict()["consumed"] == 0
+
+
+def test_any_object_holding_a_reader_is_a_source(ref: CacheDataRef) -> None:
+    holder = SimpleNamespace(reader=ref.reader)  # duck typing: no import of yogacache.dataref
+    assert ids_of(CacheIterableDataset(holder, shard_rank=1, num_shards=4)) == list(range(1, N, 4))
+    assert len(CacheDataset(holder)) == N
+    with pytest.raises(TypeError, match="expected a CacheReader"):
+        CacheDataset(SimpleNamespace(reader=None))  # type: ignore[arg-type]
+
+
+def test_torch_adapter_never_imports_the_dataref_facade() -> None:
+    # A None entry makes any import of yogacache.dataref fail.
+    code = "import sys; sys.modules['yogacache.dataref'] = None; import yogacache.torch"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert out.returncode == 0, out.stderr[-2000:]
 
 
 def test_loader_arguments_that_would_break_order_or_resume(ref: CacheDataRef) -> None:

@@ -12,7 +12,8 @@ from yogacache.dataref import CacheDataRef
 from yogacache.format.integrity import Verify
 from yogacache.format.writer import BuildLimits
 from yogacache.names import validate_name
-from yogacache.read.schedule import SHARD, ResumeState
+from yogacache.read.options import DEFAULT_SHUFFLE_MODE, ReadOptions
+from yogacache.read.schedule import ResumeState
 from yogacache.store import open_store
 
 TRAIN_SUFFIX = "_train"
@@ -96,7 +97,7 @@ class DataLayer:
         dataset_id: str,
         dataset_version: str,
         suffix: str,
-        stream_args: Callable[[launcher.RankInfo], dict[str, Any]],
+        read_options: Callable[[launcher.RankInfo], ReadOptions],
         returns: str,
     ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
         validate_name(dataset_id, "dataset_id")
@@ -110,7 +111,7 @@ class DataLayer:
             def cached(*args: Any, **kwargs: Any) -> Any:
                 ref = self.dataref(dataset_id, version, lambda: make_dataset(*args, **kwargs))
                 contexts = [a for a in (*args, *kwargs.values()) if launcher.is_input_context(a)]
-                return _ADAPTERS[returns](ref, stream_args(self.rank_for(contexts[0] if contexts else None)))
+                return _ADAPTERS[returns](ref, read_options(self.rank_for(contexts[0] if contexts else None)))
 
             return cached
 
@@ -143,7 +144,7 @@ class DataLayer:
         shuffle: bool = False,
         skip_shuffle_at_epoch_end: bool = False,
         *,
-        shuffle_mode: str = SHARD,
+        shuffle_mode: str = DEFAULT_SHUFFLE_MODE,
         returns: str = "tf",
     ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
         """Decorates a function returning a dataset (tf.data, map-style torch, or any iterable);
@@ -159,7 +160,7 @@ class DataLayer:
             dataset_id,
             dataset_version,
             TRAIN_SUFFIX,
-            lambda ranks: dict(
+            lambda ranks: ReadOptions.from_stream_args(
                 start_offset=self.offset,
                 shuffle=shuffle,
                 skip_shuffle_at_epoch_end=skip_shuffle_at_epoch_end,
@@ -183,7 +184,7 @@ class DataLayer:
             dataset_id,
             dataset_version,
             VALIDATION_SUFFIX,
-            lambda ranks: dict(
+            lambda ranks: ReadOptions.from_stream_args(
                 start_offset=0,
                 shuffle=shuffle,
                 skip_shuffle_at_epoch_end=True,
@@ -196,20 +197,20 @@ class DataLayer:
         )
 
 
-def _tf_adapter(ref: CacheDataRef, stream_args: dict[str, Any]) -> Any:
+def _tf_adapter(ref: CacheDataRef, options: ReadOptions) -> Any:
     from yogacache.tensorflow import make_tf_dataset
 
-    return make_tf_dataset(ref.stream(**stream_args))
+    return make_tf_dataset(ref.open_stream(options))
 
 
-def _torch_adapter(ref: CacheDataRef, stream_args: dict[str, Any]) -> Any:
+def _torch_adapter(ref: CacheDataRef, options: ReadOptions) -> Any:
     from yogacache.torch import CacheIterableDataset
 
-    return CacheIterableDataset(ref, **stream_args)
+    return CacheIterableDataset.from_options(ref, options)
 
 
-_ADAPTERS: dict[str, Callable[[CacheDataRef, dict[str, Any]], Any]] = {
+_ADAPTERS: dict[str, Callable[[CacheDataRef, ReadOptions], Any]] = {
     "tf": _tf_adapter,
     "torch": _torch_adapter,
-    "stream": lambda ref, stream_args: ref.stream(**stream_args),
+    "stream": lambda ref, options: ref.open_stream(options),
 }

@@ -1,8 +1,9 @@
 """TensorFlow adapter: tf.data.Dataset to record source, and Stream to tf.data.Dataset.
 
-The only module of the package that imports TensorFlow. Reading hands TensorFlow whole
-batches of stacked columns (one stateful ``numpy_function`` map over the batch numbers of an
-epoch) and lets ``unbatch`` split them in C++, instead of one Python call per record.
+The only module of the package that imports TensorFlow. Reading hands TensorFlow each read of
+the stream (``yogacache.read.pipeline``: many records, stacked into one array per leaf) through
+one stateful ``numpy_function`` map over the read numbers of an epoch, and lets ``unbatch``
+split them in C++, instead of one Python call per record.
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ except ImportError as error:  # pragma: no cover - exercised only without Tensor
         "yogacache.tensorflow needs TensorFlow: pip install 'yogacache[tf]'"
     ) from error
 
-from yogacache.dataref import Stream
 from yogacache.errors import UnsupportedDatasetError
 from yogacache.format.codec import RecordCodec
 from yogacache.format.spec import (
@@ -36,6 +36,7 @@ from yogacache.format.spec import (
     unflatten,
 )
 from yogacache.malloc import keep_freed_memory
+from yogacache.read.pipeline import Stream
 
 _SOURCE_BATCH_BYTES = 8 << 20
 _SOURCE_BATCH_RECORDS = 1024
@@ -168,15 +169,15 @@ def _until_exit(iterator: Iterator[Any]) -> Iterator[Any]:
         yield item
 
 
-class _BatchPuller:
-    """The ``numpy_function`` behind the batched pipeline: batch ``i`` of the current epoch.
+class _ReadPuller:
+    """The ``numpy_function`` behind the fast path: read ``i`` of the current epoch.
 
-    TensorFlow calls it with ``0, 1, ..., max_batches - 1`` once per iteration of the dataset;
-    ``0`` starts the stream's next epoch. Calls past the end of a short epoch (the resumed
-    first one) get empty batches, and the last call also takes whatever the epoch has left,
-    so nothing is dropped even if the bound were low. A call out of sequence means two
-    iterators of this dataset are running at once, which would interleave one epoch: it fails
-    with a message instead.
+    TensorFlow calls it with ``0, 1, ..., max_batches - 1`` (the stream's reads per epoch) once
+    per iteration of the dataset; ``0`` starts the stream's next epoch. Calls past the end of a
+    short epoch (the resumed first one) get empty reads, and the last call also takes whatever
+    the epoch has left, so nothing is dropped even if the bound were low. A call out of
+    sequence means two iterators of this dataset are running at once, which would interleave
+    one epoch: it fails with a message instead.
     """
 
     def __init__(self, batch_fn: Any, leaves: list[TensorSpec], last: int) -> None:
@@ -187,7 +188,7 @@ class _BatchPuller:
         ]
         self._last = last
         self._lock = threading.Lock()
-        self._batches: Optional[Iterator[list[np.ndarray]]] = None
+        self._reads: Optional[Iterator[list[np.ndarray]]] = None
         self._next = 0
 
     def __call__(self, index: Any) -> list[np.ndarray]:
@@ -195,7 +196,7 @@ class _BatchPuller:
         with self._lock:
             if index == 0:
                 keep_freed_memory()
-                self._batches = _until_exit(self._batch_fn())
+                self._reads = _until_exit(self._batch_fn())
             elif index != self._next:
                 raise RuntimeError(
                     "two iterators of one yogacache tf.data.Dataset are running at once; each "
@@ -203,13 +204,13 @@ class _BatchPuller:
                     "iterator before starting the next, or call make_tf_dataset once per iterator"
                 )
             self._next = index + 1
-            batches = self._batches
-            if batches is None:
+            reads = self._reads
+            if reads is None:
                 return self._empty
-            columns = next(batches, None)
+            columns = next(reads, None)
             if index == self._last or columns is None:
-                rest = list(batches)
-                self._batches = None
+                rest = list(reads)
+                self._reads = None
                 if columns is None:
                     return self._empty
                 if rest:
@@ -223,22 +224,22 @@ def make_tf_dataset(stream: Stream) -> tf.data.Dataset:
     batch_fn = stream.batch_iterator_fn
     leaves = spec_leaves(spec) if spec is not None else []
     if spec is not None and batch_fn is not None and stream.max_batches is not None and leaves:
-        # One stateful map over the batch numbers: cheaper to trace and to start than
+        # One stateful map over the read numbers: cheaper to trace and to start than
         # from_generator, whose nested functions cost tens of milliseconds on the first element.
         count = max(1, stream.max_batches)
-        pull = _BatchPuller(batch_fn, leaves, count - 1)
+        pull = _ReadPuller(batch_fn, leaves, count - 1)
         dtypes = [_tf_dtype(leaf.dtype) for leaf in leaves]
         shapes = [tf.TensorShape([None, *(leaf.shape or ())]) for leaf in leaves]
 
         @tf.autograph.experimental.do_not_convert  # plain graph code: transpiling it costs ~100 ms
-        def read_batch(index: tf.Tensor) -> Any:
-            columns = tf.numpy_function(pull, [index], dtypes, stateful=True, name="yogacache_batch")
+        def pull_read(index: tf.Tensor) -> Any:
+            columns = tf.numpy_function(pull, [index], dtypes, stateful=True, name="yogacache_read")
             for column, shape in zip(columns, shapes):
                 column.set_shape(shape)
             return unflatten(columns, spec)
 
         _generators_started.set()
-        dataset = tf.data.Dataset.range(count).map(read_batch).unbatch()
+        dataset = tf.data.Dataset.range(count).map(pull_read).unbatch()
     elif spec is not None and batch_fn is not None:
 
         def batches() -> Iterator[Any]:

@@ -30,23 +30,26 @@ except ImportError as error:  # pragma: no cover - exercised only without torch
     raise ImportError("yogacache.torch needs PyTorch: pip install 'yogacache[torch]'") from error
 
 from yogacache import launcher
-from yogacache.dataref import CacheDataRef, _chunk_size
 from yogacache.format.spec import STRING, Spec, TensorSpec, flatten, spec_leaves, unflatten
+from yogacache.read.options import DEFAULT_SHUFFLE_MODE, ReadOptions
+from yogacache.read.pipeline import ReaderSource, ReadSizes, plan_reads
 from yogacache.read.reader import CacheReader
-from yogacache.read.schedule import SHARD, EpochPlan
+from yogacache.read.schedule import ReadSchedule
 
 __all__ = ["CacheDataLoader", "CacheDataset", "CacheIterableDataset", "open_reader"]
 
 OUTPUTS = ("torch", "numpy")
-CacheSource = Union[CacheReader, CacheDataRef, str, "os.PathLike[str]"]
+CacheSource = Union[CacheReader, ReaderSource, str, "os.PathLike[str]"]
 
 
 def open_reader(source: CacheSource) -> CacheReader:
-    """The reader of a cache given as a CacheReader, a CacheDataRef or a cache directory."""
+    """The reader of a cache given as a CacheReader, a CacheDataRef (anything with a ``reader``)
+    or a cache directory."""
     if isinstance(source, CacheReader):
         return source
-    if isinstance(source, CacheDataRef):
-        return source.reader
+    reader = getattr(source, "reader", None)
+    if isinstance(reader, CacheReader):
+        return reader
     if isinstance(source, (str, os.PathLike)):
         return CacheReader(source)  # type: ignore[arg-type]
     raise TypeError(
@@ -167,8 +170,9 @@ class CacheIterableDataset(IterableDataset):  # type: ignore[type-arg]
     The first arguments are ``DataRef.stream``'s; ``shard_rank`` and ``num_shards`` default to
     the launcher's (``yogacache.launcher``). Iterating reads the current epoch (``set_epoch``, as
     with ``DistributedSampler``) from the current resume point to its end; iterating again
-    reads the same. Worker ``w`` of ``W`` reads blocks ``w, w+W, …`` of ``batch_size`` records,
-    which is the order a DataLoader with that batch size yields them in.
+    reads the same. Worker ``w`` of ``W`` reads blocks ``w, w+W, …`` of ``batch_size`` records
+    (``yogacache.read.pipeline.plan_reads``), which is the order a DataLoader with that batch
+    size yields them in. ``from_options`` makes one from ``ReadOptions`` instead.
 
     Args:
         batch_size: the DataLoader's batch size (default 1): the unit in which the rank's records
@@ -191,42 +195,72 @@ class CacheIterableDataset(IterableDataset):  # type: ignore[type-arg]
         num_shards: Optional[int] = None,
         drop_shard_remainder: bool = False,
         *,
-        shuffle_mode: str = SHARD,
+        shuffle_mode: str = DEFAULT_SHUFFLE_MODE,
         resume_state: Optional[Mapping[str, Any]] = None,
         batch_size: Optional[int] = None,
         batched: bool = False,
         drop_last: bool = False,
         output: str = "torch",
     ) -> None:
-        self.reader = open_reader(source)
+        reader = open_reader(source)
         ranks = launcher.resolve(shard_rank, num_shards)
-        self.schedule = CacheDataRef(self.reader).schedule(
-            start_offset=start_offset,
-            shuffle=shuffle,
-            skip_shuffle_at_epoch_end=skip_shuffle_at_epoch_end,
-            shuffle_seed=shuffle_seed,
-            shard_rank=ranks.rank,
-            num_shards=ranks.num_shards,
-            drop_shard_remainder=drop_shard_remainder,
+        options = ReadOptions.from_stream_args(
+            start_offset,
+            shuffle,
+            skip_shuffle_at_epoch_end,
+            shuffle_seed,
+            ranks.rank,
+            ranks.num_shards,
+            drop_shard_remainder,
             shuffle_mode=shuffle_mode,
             resume_state=resume_state,
         )
+        self._configure(reader, options, batch_size, batched, drop_last, output)
+
+    @classmethod
+    def from_options(
+        cls,
+        source: CacheSource,
+        options: ReadOptions,
+        *,
+        batch_size: Optional[int] = None,
+        batched: bool = False,
+        drop_last: bool = False,
+        output: str = "torch",
+    ) -> CacheIterableDataset:
+        """The dataset that reads ``source`` as ``options`` say (its rank and shard count included)."""
+        dataset = cls.__new__(cls)
+        dataset._configure(open_reader(source), options, batch_size, batched, drop_last, output)
+        return dataset
+
+    def _configure(
+        self,
+        reader: CacheReader,
+        options: ReadOptions,
+        batch_size: Optional[int],
+        batched: bool,
+        drop_last: bool,
+        output: str,
+    ) -> None:
+        self.reader = reader
+        self.schedule = ReadSchedule(len(reader), options)
         if batch_size is not None:
             batch_size = operator.index(batch_size)
             if batch_size < 1:
                 raise ValueError(f"batch_size must be at least 1, got {batch_size}")
         if batched and batch_size is None:
             raise ValueError("batched=True needs a batch_size")
-        if batched and not self.reader.codec.stackable:
+        if batched and not reader.codec.stackable:
             raise ValueError(
-                f"batched=True needs fixed-shape leaves, and the cache at {self.reader.directory} has "
-                f"varying shapes ({self.reader.spec}): use batched=False and a collate_fn"
+                f"batched=True needs fixed-shape leaves, and the cache at {reader.directory} has "
+                f"varying shapes ({reader.spec}): use batched=False and a collate_fn"
             )
         self.batch_size = batch_size
         self.batched = bool(batched)
         self.drop_last = bool(drop_last)
         self.output = _check_output(output)
-        self._leaves = spec_leaves(self.reader.spec)
+        self._leaves = spec_leaves(reader.spec)
+        self._read_sizes = ReadSizes.for_manifest(reader.manifest)
         self._epoch, self._position = self.schedule.start
         self._consumed = 0  # records handed out since the resume point, in the tracking process
 
@@ -248,7 +282,7 @@ class CacheIterableDataset(IterableDataset):  # type: ignore[type-arg]
         epoch = operator.index(epoch)
         if epoch != self._epoch:
             self._epoch, self._position = epoch, 0
-            self._consumed = 0
+            self.reset_consumed()
 
     def state_dict(self, records_consumed: Optional[int] = None) -> dict[str, Any]:
         """The resume state (a small dict) after this rank consumed ``records_consumed``
@@ -262,10 +296,22 @@ class CacheIterableDataset(IterableDataset):  # type: ignore[type-arg]
         records = self._consumed if records_consumed is None else operator.index(records_consumed)
         return self.schedule.state((self._epoch, self._position), records)
 
+    def reset_consumed(self) -> None:
+        """Counts the records handed out from zero again (a new pass over the epoch starts)."""
+        self._consumed = 0
+
+    def count_consumed(self, item: Any, *, batch: bool) -> None:
+        """Counts ``item``, a record or (``batch``) a batch of records, as handed out."""
+        self._consumed += self.batch_records(item) if batch else 1
+
+    def batch_records(self, batch: Any) -> int:
+        """The number of records in ``batch`` (a batch of this dataset's elements)."""
+        return len(flatten(batch, self.reader.spec)[0])
+
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Resumes at ``state`` (from ``state_dict``): the next iteration reads the rest of its epoch."""
         self._epoch, self._position = self.schedule.resume_point(state)
-        self._consumed = 0
+        self.reset_consumed()
 
     def batch(self, batch_size: int, drop_last: bool = False) -> CacheIterableDataset:
         """A copy that yields batches of ``batch_size`` records (use ``DataLoader(batch_size=None)``)."""
@@ -292,56 +338,41 @@ class CacheIterableDataset(IterableDataset):  # type: ignore[type-arg]
         plan = self.schedule.plan(self._epoch, self._position)
         info = get_worker_info()
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
-        self._consumed = 0
-        for records in self._worker_reads(plan, worker, workers):
+        self.reset_consumed()
+        reads = plan_reads(
+            plan,
+            self._read_sizes,
+            block_size=self.batch_size or 1,
+            worker=worker,
+            workers=workers,
+            drop_partial=self.batched and self.drop_last,
+        )
+        for indices in reads:
+            items = self._items(indices)
             if self.batched:
-                for block in records:
-                    self._consumed += self._count(block)  # counted when handed out
-                    yield block
+                for batch in items:
+                    self._consumed += self.batch_records(batch)  # counted when handed out
+                    yield batch
             else:
-                for element in records:
+                for element in items:
                     self._consumed += 1  # counted when handed out
                     yield element
 
-    def _count(self, batch: Any) -> int:
-        first = flatten(batch, self.reader.spec)[0]
-        return len(first)
-
-    def _worker_reads(self, plan: EpochPlan, worker: int, workers: int) -> Iterator[Iterator[Any]]:
-        """Per LMDB read, an iterator over what this worker yields from it (records or batches).
-
-        The worker's blocks are grouped so that one read covers at least a chunk of records.
-        """
-        block = self.batch_size or 1
-        total = len(plan)
-        blocks = range(worker, -(-total // block), workers)
-        per_read = max(1, _chunk_size(self.reader) // block)
+    def _items(self, indices: np.ndarray) -> Iterator[Any]:
+        """What this dataset yields from one read of the records at ``indices``."""
         reader, spec, output = self.reader, self.reader.spec, self.output
-        for first in range(0, len(blocks), per_read):
-            group = blocks[first : first + per_read]
-            bounds = [(b * block, min((b + 1) * block, total)) for b in group]
-            if self.batched and self.drop_last:
-                bounds = [(lo, hi) for lo, hi in bounds if hi - lo == block]
-            if not bounds:
-                continue
-            positions = np.concatenate([np.arange(lo, hi, dtype=np.int64) for lo, hi in bounds])
-            indices = plan.take(positions)
-            if reader.codec.stackable:
-                columns = reader.read_columns(indices)
-                if self.batched:
-                    yield self._batches(columns, bounds)
-                else:
-                    yield _rows(_columns_out(columns, self._leaves, output), spec)
-            else:
-                elements = reader.read_elements(indices)
-                yield (_element_out(e, spec, self._leaves, output) for e in elements)
+        if not reader.codec.stackable:
+            return (_element_out(e, spec, self._leaves, output) for e in reader.read_elements(indices))
+        columns = reader.read_columns(indices)
+        if self.batched:
+            return self._batches(columns, len(indices))
+        return _rows(_columns_out(columns, self._leaves, output), spec)
 
-    def _batches(self, columns: list[np.ndarray], bounds: list[tuple[int, int]]) -> Iterator[Any]:
-        offset = 0
-        for lo, hi in bounds:
-            size = hi - lo
-            part = [column[offset : offset + size] for column in columns]
-            offset += size
+    def _batches(self, columns: list[np.ndarray], records: int) -> Iterator[Any]:
+        """The blocks of one read, as batches (reads hold whole blocks: only the last may be short)."""
+        block = self.batch_size or 1
+        for offset in range(0, records, block):
+            part = [column[offset : offset + block] for column in columns]
             yield unflatten(_columns_out(part, self._leaves, self.output), self.reader.spec)
 
 
@@ -382,11 +413,11 @@ class CacheDataLoader(DataLoader):  # type: ignore[type-arg]
         # In-process (num_workers=0) the dataset counts what it hands out itself.
         counting = self.num_workers > 0
         if counting:
-            dataset._consumed = 0
+            dataset.reset_consumed()
         batching = dataset.batched or self.batch_size is not None
         for batch in super().__iter__():
             if counting:
-                dataset._consumed += dataset._count(batch) if batching else 1
+                dataset.count_consumed(batch, batch=batching)
             yield batch
 
     def state_dict(self) -> dict[str, Any]:

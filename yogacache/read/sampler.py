@@ -37,6 +37,19 @@ def shard_indices(
     return np.arange(shard_rank, end, num_shards, dtype=np.int64)
 
 
+def check_shuffle(shuffle: bool, reshuffle_each_epoch: bool, seed: Optional[int]) -> None:
+    """Raises unless YogaDL's shard order can be computed from these shuffle arguments."""
+    if reshuffle_each_epoch and not shuffle:
+        raise ValueError("reshuffling at epoch end needs shuffle=True")
+    if shuffle and reshuffle_each_epoch and seed is None:
+        raise ValueError(
+            "shuffle_seed must be set when shuffle=True and skip_shuffle_at_epoch_end=False "
+            "(each epoch's order is derived from shuffle_seed + epoch)"
+        )
+    if seed is not None:
+        as_int(seed, "shuffle_seed")
+
+
 @dataclass(frozen=True)
 class ShardOrder:
     """The epoch-by-epoch read order of one shard."""
@@ -47,15 +60,7 @@ class ShardOrder:
     seed: Optional[int] = None
 
     def __post_init__(self) -> None:
-        if self.reshuffle_each_epoch and not self.shuffle:
-            raise ValueError("reshuffling at epoch end needs shuffle=True")
-        if self.shuffle and self.reshuffle_each_epoch and self.seed is None:
-            raise ValueError(
-                "shuffle_seed must be set when shuffle=True and skip_shuffle_at_epoch_end=False "
-                "(each epoch's order is derived from shuffle_seed + epoch)"
-            )
-        if self.seed is not None:
-            as_int(self.seed, "shuffle_seed")
+        check_shuffle(self.shuffle, self.reshuffle_each_epoch, self.seed)
 
     def __len__(self) -> int:
         return len(self.shard)

@@ -1,0 +1,266 @@
+"""The read pipeline: a rank's epochs cut into LMDB reads, the one path every adapter reads by.
+
+Top to bottom: a ``ReadSchedule`` (``ReadOptions`` over a cache) hands out each epoch's plan in
+turn (``EpochCursor``); ``plan_reads`` cuts a plan into reads, each one LMDB transaction over
+many records, sized by ``ReadSizes`` (the first read of an epoch small, so the first element
+comes quickly, then doubling up to the full read size, for throughput) and, for DataLoader
+workers, dealt out in blocks (worker ``w`` of ``W`` reads blocks ``w, w+W, …``); ``read_stream``
+turns that into YogaDL's ``Stream``. The TensorFlow adapter reads Streams, the torch adapter
+calls ``plan_reads`` from its workers; a JAX or Grain adapter would do one or the other.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, Optional, Protocol
+
+import numpy as np
+
+from yogacache.format.manifest import Manifest
+from yogacache.format.spec import Spec
+from yogacache.read.options import ReadOptions
+from yogacache.read.reader import CacheReader
+from yogacache.read.schedule import ReadSchedule
+from yogacache.read.shuffle import EpochPlan
+
+__all__ = [
+    "EpochCursor",
+    "FIRST_READ_BYTES",
+    "FIRST_READ_RECORDS",
+    "FULL_READ_BYTES",
+    "FULL_READ_RECORDS",
+    "ReadSizes",
+    "ReaderSource",
+    "Stream",
+    "average_record_bytes",
+    "plan_reads",
+    "read_stream",
+]
+
+# Records per read from LMDB; reads of large records are capped by bytes instead.
+FULL_READ_RECORDS = 1024
+FULL_READ_BYTES = 8 << 20
+# The first read of an epoch is small, so the first element arrives quickly: 32 records, or
+# more while they fit in 1 MiB (a first consumer batch of small records takes one read).
+FIRST_READ_RECORDS = 32
+FIRST_READ_BYTES = 1 << 20
+
+
+class ReaderSource(Protocol):
+    """Anything that holds a cache's reader, such as ``yogacache.dataref.CacheDataRef``."""
+
+    @property
+    def reader(self) -> CacheReader: ...
+
+
+class Stream:
+    """An iterable of elements; each new iteration is the next epoch. ``len()`` is the shard length.
+
+    Compatible with ``yogadl.Stream(iterator_fn, length, output_types, output_shapes)``; streams
+    made by yogacache also know their framework-neutral ``element_spec`` and can yield each
+    read whole, as stacked columns (``batch_iterator_fn``, at most ``max_batches`` per epoch),
+    which is how the TensorFlow adapter avoids per-record overhead.
+    ``spec_converter(element_spec, "dtype" | "shape")`` derives ``output_types`` and
+    ``output_shapes`` when they are first asked for (it may import a framework then).
+    """
+
+    def __init__(
+        self,
+        iterator_fn: Callable[[], Iterator[Any]],
+        length: int,
+        output_types: Any = None,
+        output_shapes: Any = None,
+        *,
+        element_spec: Optional[Spec] = None,
+        batch_iterator_fn: Optional[Callable[[], Iterator[list[np.ndarray]]]] = None,
+        uniform_epochs: bool = False,
+        state_fn: Optional[Callable[[int], dict[str, Any]]] = None,
+        max_batches: Optional[int] = None,
+        spec_converter: Optional[Callable[[Spec, str], Any]] = None,
+    ) -> None:
+        self.iterator_fn = iterator_fn
+        self.length = length
+        # True when every epoch, the first included, yields exactly ``length`` elements.
+        self.uniform_epochs = uniform_epochs
+        self._output_types = output_types
+        self._output_shapes = output_shapes
+        self.element_spec = element_spec
+        self.batch_iterator_fn = batch_iterator_fn
+        # How many reads ``batch_iterator_fn`` yields per epoch at most (None: unknown).
+        self.max_batches = max_batches
+        self.state_fn = state_fn
+        self.spec_converter = spec_converter
+
+    def state_dict(self, records_consumed: int) -> dict[str, Any]:
+        """The resume state after this rank consumed ``records_consumed`` records of the stream.
+
+        Counted from the stream's start, across epochs. Pass it back as ``resume_state`` to
+        ``CacheDataRef.stream`` (in global shuffle mode, with any number of ranks).
+        """
+        if self.state_fn is None:
+            raise TypeError("this stream was not made by yogacache and cannot report a resume state")
+        return self.state_fn(records_consumed)
+
+    def __iter__(self) -> Iterator[Any]:
+        return self.iterator_fn()
+
+    def __len__(self) -> int:
+        return self.length
+
+    def _derived(self, what: str) -> Any:
+        if self.element_spec is None or self.spec_converter is None:
+            return None
+        return self.spec_converter(self.element_spec, what)
+
+    @property
+    def output_types(self) -> Any:
+        """The element's ``tf.DType`` structure (needs TensorFlow when derived from the spec)."""
+        if self._output_types is None:
+            self._output_types = self._derived("dtype")
+        return self._output_types
+
+    @output_types.setter
+    def output_types(self, value: Any) -> None:
+        self._output_types = value
+
+    @property
+    def output_shapes(self) -> Any:
+        """The element's ``tf.TensorShape`` structure (needs TensorFlow when derived from the spec)."""
+        if self._output_shapes is None:
+            self._output_shapes = self._derived("shape")
+        return self._output_shapes
+
+    @output_shapes.setter
+    def output_shapes(self, value: Any) -> None:
+        self._output_shapes = value
+
+
+# -- read sizes ---------------------------------------------------------------------------------
+
+
+def average_record_bytes(manifest: Manifest) -> int:
+    """The mean encoded size of a record of the cache (at least 1)."""
+    return max(1, manifest.num_bytes // max(1, manifest.num_records))
+
+
+@dataclass(frozen=True)
+class ReadSizes:
+    """Records per read in an epoch: ``first``, doubling up to ``full``, then ``full`` for good."""
+
+    full: int
+    first: int
+
+    @classmethod
+    def for_manifest(cls, manifest: Manifest) -> ReadSizes:
+        """Full reads of ``FULL_READ_RECORDS`` capped at ``FULL_READ_BYTES``; a first read of
+        ``FIRST_READ_RECORDS``, more while they fit in ``FIRST_READ_BYTES``."""
+        record = average_record_bytes(manifest)
+        full = FULL_READ_RECORDS
+        if manifest.num_records:
+            full = max(1, min(FULL_READ_RECORDS, FULL_READ_BYTES // record))
+        return cls(full=full, first=min(full, max(FIRST_READ_RECORDS, FIRST_READ_BYTES // record)))
+
+    def __iter__(self) -> Iterator[int]:
+        size = self.first
+        while True:
+            yield size
+            size = min(self.full, size * 2)
+
+    def count(self, records: int) -> int:
+        """How many reads an epoch of ``records`` records takes (one worker, blocks of one)."""
+        count = begin = 0
+        size = self.first
+        while begin < records and size < self.full:
+            count += 1
+            begin += size
+            size = min(self.full, size * 2)
+        # Only full reads from here on.
+        return count if begin >= records else count - (-(records - begin) // self.full)
+
+
+def plan_reads(
+    plan: EpochPlan,
+    sizes: ReadSizes,
+    *,
+    block_size: int = 1,
+    worker: int = 0,
+    workers: int = 1,
+    drop_partial: bool = False,
+) -> Iterator[np.ndarray]:
+    """The record indices of each read of ``plan`` that ``worker`` of ``workers`` makes, in order.
+
+    The plan is dealt out in blocks of ``block_size`` positions: the worker reads blocks
+    ``worker, worker + workers, …`` (a DataLoader with that batch size then yields the plan in
+    order), whole blocks per read, as many as fit in the read's size (at least one).
+    ``drop_partial`` leaves out a last block shorter than ``block_size``.
+    """
+    total = len(plan)
+    end = total - total % block_size if drop_partial else total
+    blocks = range(worker, -(-end // block_size), workers)
+    within = np.arange(block_size, dtype=np.int64)
+    done = 0
+    for size in sizes:
+        if done >= len(blocks):
+            return
+        read = blocks[done : done + max(1, size // block_size)]  # the blocks of this read
+        done += len(read)
+        if workers == 1:  # consecutive blocks: one slice of the plan
+            yield plan.indices(read[0] * block_size, min((read[-1] + 1) * block_size, end))
+            continue
+        positions = (np.asarray(read, dtype=np.int64)[:, None] * block_size + within).ravel()
+        if (read[-1] + 1) * block_size > end:
+            positions = positions[positions < end]
+        yield plan.take(positions)
+
+
+# -- epochs and streams -------------------------------------------------------------------------
+
+
+class EpochCursor:
+    """Hands out each epoch's plan in turn, starting at the schedule's start point."""
+
+    def __init__(self, schedule: ReadSchedule) -> None:
+        self._schedule = schedule
+        self._epoch, self._position = schedule.start
+        self._lock = threading.Lock()
+
+    def next_epoch(self) -> EpochPlan:
+        with self._lock:
+            epoch, position = self._epoch, self._position
+            self._epoch += 1
+            self._position = 0
+        return self._schedule.plan(epoch, position)
+
+
+def read_stream(
+    reader: CacheReader, options: ReadOptions, *, spec_converter: Optional[Callable[[Spec, str], Any]] = None
+) -> Stream:
+    """The stream of ``reader``'s records that ``options`` define: each iteration the next epoch."""
+    schedule = ReadSchedule(len(reader), options)
+    cursor = EpochCursor(schedule)
+    sizes = ReadSizes.for_manifest(reader.manifest)
+
+    def iterate_elements() -> Iterator[Any]:
+        for indices in plan_reads(cursor.next_epoch(), sizes):
+            yield from reader.read_elements(indices)
+
+    batch_fn = None
+    if reader.codec.stackable:
+
+        def iterate_batches() -> Iterator[list[np.ndarray]]:
+            for indices in plan_reads(cursor.next_epoch(), sizes):
+                yield reader.read_columns(indices)
+
+        batch_fn = iterate_batches
+
+    return Stream(
+        iterate_elements,
+        len(schedule),
+        element_spec=reader.spec,
+        batch_iterator_fn=batch_fn,
+        uniform_epochs=schedule.start[1] == 0,
+        state_fn=lambda records: schedule.state(schedule.start, records),
+        max_batches=sizes.count(len(schedule)) if batch_fn is not None else None,
+        spec_converter=spec_converter,
+    )
