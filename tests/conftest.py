@@ -18,9 +18,8 @@ def private_default_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Pat
     """No test writes into the user's real cache or state directory."""
     root = tmp_path / "default-root"
     monkeypatch.setenv("YOGACACHE_HOME", str(root))
-    state = tmp_path / "yogacache-state-default"
-    state.mkdir(mode=0o700)
-    monkeypatch.setenv("YOGACACHE_STATE_DIR", str(state))
+    # Beside tmp_path, not in it: tests check what appears under tmp_path.
+    monkeypatch.setenv("YOGACACHE_STATE_DIR", str(tmp_path.parent / f"{tmp_path.name}-state"))
     monkeypatch.delenv("YOGACACHE_STORAGE", raising=False)
     return root
 
