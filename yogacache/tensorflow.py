@@ -239,7 +239,9 @@ def make_tf_dataset(stream: Stream) -> tf.data.Dataset:
             return unflatten(columns, spec)
 
         _generators_started.set()
-        dataset = tf.data.Dataset.range(count).map(pull_read).unbatch()
+        # prefetch(1): the next read (Python) overlaps unbatch and the consumer's batching of
+        # this one (C++), instead of the two taking turns on one thread.
+        dataset = tf.data.Dataset.range(count).map(pull_read).prefetch(1).unbatch()
     elif spec is not None and batch_fn is not None:
 
         def batches() -> Iterator[Any]:
