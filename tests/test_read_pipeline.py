@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import yogacache.dataref
+from yogacache.format.manifest import Manifest
 from yogacache.read import pipeline
 from yogacache.read.pipeline import ReadSizes, Stream, plan_reads
 from yogacache.read.shuffle import ArrayPlan, GlobalPlan
@@ -20,6 +21,8 @@ from yogacache.read.shuffle import ArrayPlan, GlobalPlan
 class FakeManifest:
     num_records: int
     num_bytes: int
+
+    average_record_bytes = Manifest.average_record_bytes  # the real rule, on these two counts
 
 
 def test_stream_is_re_exported_by_dataref() -> None:

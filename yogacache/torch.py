@@ -349,14 +349,9 @@ class CacheIterableDataset(IterableDataset):  # type: ignore[type-arg]
         )
         for indices in reads:
             items = self._items(indices)
-            if self.batched:
-                for batch in items:
-                    self._consumed += self.batch_records(batch)  # counted when handed out
-                    yield batch
-            else:
-                for element in items:
-                    self._consumed += 1  # counted when handed out
-                    yield element
+            for item in items:
+                self.count_consumed(item, batch=self.batched)  # counted when handed out
+                yield item
 
     def _items(self, indices: np.ndarray) -> Iterator[Any]:
         """What this dataset yields from one read of the records at ``indices``."""

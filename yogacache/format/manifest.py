@@ -63,6 +63,11 @@ class Manifest:
         return sum(part.size_bytes for part in self.parts)
 
     @property
+    def average_record_bytes(self) -> int:
+        """The mean encoded size of a record (at least 1): what read sizes and readahead go by."""
+        return max(1, self.num_bytes // max(1, self.num_records))
+
+    @property
     def freshness(self) -> tuple[str, str]:
         """What identifies this build: two caches are the same build iff these are equal."""
         return (self.created_at, self.build_id)

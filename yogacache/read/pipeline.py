@@ -33,7 +33,6 @@ __all__ = [
     "ReadSizes",
     "ReaderSource",
     "Stream",
-    "average_record_bytes",
     "plan_reads",
     "read_stream",
 ]
@@ -139,11 +138,6 @@ class Stream:
 # -- read sizes ---------------------------------------------------------------------------------
 
 
-def average_record_bytes(manifest: Manifest) -> int:
-    """The mean encoded size of a record of the cache (at least 1)."""
-    return max(1, manifest.num_bytes // max(1, manifest.num_records))
-
-
 @dataclass(frozen=True)
 class ReadSizes:
     """Records per read in an epoch: ``first``, doubling up to ``full``, then ``full`` for good."""
@@ -155,7 +149,7 @@ class ReadSizes:
     def for_manifest(cls, manifest: Manifest) -> ReadSizes:
         """Full reads of ``FULL_READ_RECORDS`` capped at ``FULL_READ_BYTES``; a first read of
         ``FIRST_READ_RECORDS``, more while they fit in ``FIRST_READ_BYTES``."""
-        record = average_record_bytes(manifest)
+        record = manifest.average_record_bytes
         full = FULL_READ_RECORDS
         if manifest.num_records:
             full = max(1, min(FULL_READ_RECORDS, FULL_READ_BYTES // record))

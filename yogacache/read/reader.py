@@ -100,11 +100,10 @@ class CacheReader:
             self._close_fds()
             raise
         self.codec = RecordCodec(self.manifest.element_spec)
-        average = self.manifest.num_bytes // max(1, self.manifest.num_records)
         # Read ahead when records span pages, or when the whole cache fits easily in memory
         # (cold passes then fill the page cache in large reads); a cache larger than memory
         # read at random is better served page by page.
-        self._readahead = average >= LARGE_RECORD_BYTES or (
+        self._readahead = self.manifest.average_record_bytes >= LARGE_RECORD_BYTES or (
             self.manifest.total_size_bytes < _physical_memory() // 2
         )
         self._starts = np.array([p.first_record for p in self.manifest.parts], dtype=np.int64)

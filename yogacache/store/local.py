@@ -177,9 +177,6 @@ class CacheStore:
                     manifest, error = None, str(exc)
                 yield CacheEntry(id_dir.name, version_dir.name, version_dir, manifest, error=error)
 
-    def verify(self, dataset_id: str, dataset_version: str) -> Manifest:
-        """Re-hashes every part of the cache; raises CorruptCacheError on any mismatch."""
-        return self.verify_cache(dataset_id, dataset_version)
 
     def pull(self, dataset_id: str, dataset_version: str) -> CacheReader:
         raise ConfigError("pull needs a remote storage (s3://, gs:// or an s3/gcs config file)")
@@ -187,13 +184,15 @@ class CacheStore:
     def push(self, dataset_id: str, dataset_version: str) -> Manifest:
         raise ConfigError("push needs a remote storage (s3://, gs:// or an s3/gcs config file)")
 
-    def verify_cache(self, dataset_id: str, dataset_version: str) -> Manifest:
+    def verify(self, dataset_id: str, dataset_version: str) -> Manifest:
         """Re-hashes every part of the cache; raises CorruptCacheError on any mismatch."""
         directory = self.cache_dir(dataset_id, dataset_version)
         manifest = Manifest.load(directory)
         verify_parts(directory, manifest, "full")
         CacheReader(directory, manifest, verify="size")._environments()
         return manifest
+
+    verify_cache = verify  # the name before the Store protocol
 
     def remove(
         self, dataset_id: str, dataset_version: str, *, remote: bool = False, local: bool = True

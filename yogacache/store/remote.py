@@ -325,7 +325,7 @@ class RemoteCacheStore:
                     f"{self.objects.url(self.key(dataset_id, dataset_version))} holds another "
                     "build; remove it first (yogacache rm --remote) to replace it"
                 )
-            self.local.verify_cache(dataset_id, dataset_version)
+            self.local.verify(dataset_id, dataset_version)
             if not self.publish_locked(manifest):
                 raise YogaCacheError(
                     f"another process published {dataset_id}:{dataset_version} concurrently"
