@@ -1,9 +1,10 @@
 """TensorFlow adapter: tf.data.Dataset to record source, and Stream to tf.data.Dataset.
 
 The only module of the package that imports TensorFlow. Reading hands TensorFlow each read of
-the stream (``yogacache.read.pipeline``: many records, stacked into one array per leaf) through
-one stateful ``numpy_function`` map over the read numbers of an epoch, and lets ``unbatch``
-split them in C++, instead of one Python call per record.
+the stream (``yogacache.read.pipeline``: many records, stacked into one array per leaf) and lets
+``unbatch`` split them in C++, instead of one Python call per record. The reads come from a
+``numpy_function`` that is stateless in its inputs (read ``i`` of epoch ``e``), so iterator
+checkpoints (``tf.train.Checkpoint(iterator=...)``) save and restore the pipeline.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import atexit
 import math
 import threading
 import time
+import weakref
 from typing import Any, Iterator, Optional
 
 import numpy as np
@@ -36,7 +38,7 @@ from yogacache.format.spec import (
     unflatten,
 )
 from yogacache.malloc import keep_freed_memory
-from yogacache.read.pipeline import Stream
+from yogacache.read.pipeline import EpochReads, Stream
 
 _SOURCE_BATCH_BYTES = 8 << 20
 _SOURCE_BATCH_RECORDS = 1024
@@ -169,80 +171,127 @@ def _until_exit(iterator: Iterator[Any]) -> Iterator[Any]:
         yield item
 
 
-class _ReadPuller:
-    """The ``numpy_function`` behind the fast path: read ``i`` of the current epoch.
+class _EpochReadFunctions:
+    """The two Python functions behind the fast path, holding the stream's reads only weakly.
 
-    TensorFlow calls it with ``0, 1, ..., max_batches - 1`` (the stream's reads per epoch) once
-    per iteration of the dataset; ``0`` starts the stream's next epoch. Calls past the end of a
-    short epoch (the resumed first one) get empty reads, and the last call also takes whatever
-    the epoch has left, so nothing is dropped even if the bound were low. A call out of
-    sequence means two iterators of this dataset are running at once, which would interleave
-    one epoch: it fails with a message instead.
+    ``next_epoch`` (stateful: each iteration of the dataset is the next epoch) runs once per
+    iteration; ``enter(epoch)`` when an epoch's reads are set up, also when an iterator is
+    restored from a checkpoint (so the iteration after it reads the next epoch);
+    ``read(epoch, i)`` (stateless: its result depends on its inputs alone) once per read, so
+    an iterator checkpoint holds nothing but numbers and restores in any process.
+    TensorFlow keeps every function it traced (and so these) until ``clear_session()``: the
+    dataset holds the reads, these hold a weak reference, so dropping the dataset releases
+    the reader and its files.
     """
 
-    def __init__(self, batch_fn: Any, leaves: list[TensorSpec], last: int) -> None:
-        self._batch_fn = batch_fn
+    def __init__(self, reads: EpochReads, leaves: list[TensorSpec]) -> None:
+        self._reads = weakref.ref(reads)
         self._empty = [
             np.empty((0, *(int(d or 0) for d in leaf.shape or ())), dtype=numpy_dtype(leaf.dtype))
             for leaf in leaves
         ]
-        self._last = last
-        self._lock = threading.Lock()
-        self._reads: Optional[Iterator[list[np.ndarray]]] = None
-        self._next = 0
 
-    def __call__(self, index: Any) -> list[np.ndarray]:
-        index = int(index)
-        with self._lock:
-            if index == 0:
-                keep_freed_memory()
-                self._reads = _until_exit(self._batch_fn())
-            elif index != self._next:
-                raise RuntimeError(
-                    "two iterators of one yogacache tf.data.Dataset are running at once; each "
-                    "iteration of the dataset is the stream's next epoch, so finish (or drop) one "
-                    "iterator before starting the next, or call make_tf_dataset once per iterator"
-                )
-            self._next = index + 1
-            reads = self._reads
-            if reads is None:
-                return self._empty
-            columns = next(reads, None)
-            if index == self._last or columns is None:
-                rest = list(reads)
-                self._reads = None
-                if columns is None:
-                    return self._empty
-                if rest:
-                    return [np.concatenate(parts) for parts in zip(columns, *rest)]
+    def _live(self) -> EpochReads:
+        reads = self._reads()
+        if reads is None:
+            raise RuntimeError("the yogacache tf.data.Dataset this iterator reads was dropped")
+        return reads
+
+    def next_epoch(self) -> np.int64:
+        keep_freed_memory()
+        return np.int64(self._live().next_epoch())
+
+    def enter(self, epoch: Any) -> np.int64:
+        return np.int64(max(1, self._live().enter(int(epoch))))
+
+    def read(self, epoch: Any, index: Any) -> list[np.ndarray]:
+        if _exiting.is_set():
+            return self._empty
+        columns = self._live().read(int(epoch), int(index))
+        return columns or self._empty
+
+
+def _is_zero_size(leaf: TensorSpec) -> bool:
+    return 0 in (leaf.shape or ())
+
+
+def _epoch_read_dataset(reads: EpochReads, spec: Spec) -> tf.data.Dataset:
+    """Each iteration: one epoch number, then that epoch's reads, unbatched into elements.
+
+    Leaves of zero size (a dimension of 0) never reach ``unbatch``, which crashes the process
+    on them (TensorFlow 2.16-2.21): a read carries a row-number column instead, and each
+    element gets its (empty) zero-size leaves back after ``unbatch``.
+    """
+    leaves = spec_leaves(spec)
+    functions = _EpochReadFunctions(reads, leaves)
+    carried = [not _is_zero_size(leaf) for leaf in leaves]
+    dtypes = [_tf_dtype(leaf.dtype) for leaf, kept in zip(leaves, carried) if kept]
+    shapes = [tf.TensorShape([None, *(leaf.shape or ())]) for leaf, kept in zip(leaves, carried) if kept]
+    refill = not all(carried)
+    if refill:
+        dtypes, shapes = [tf.int64, *dtypes], [tf.TensorShape([None]), *shapes]
+
+    def pull(epoch: Any, index: Any) -> list[np.ndarray]:
+        columns = functions.read(epoch, index)
+        if not refill:
             return columns
+        rows = np.arange(len(columns[0]), dtype=np.int64)
+        return [rows, *(column for column, kept in zip(columns, carried) if kept)]
+
+    # Plain graph code (do_not_convert): transpiling it with AutoGraph costs ~100 ms.
+    @tf.autograph.experimental.do_not_convert
+    def next_epoch(_: tf.Tensor) -> tf.Tensor:
+        epoch = tf.numpy_function(functions.next_epoch, [], tf.int64, stateful=True, name="yogacache_epoch")
+        epoch.set_shape([])
+        return epoch
+
+    @tf.autograph.experimental.do_not_convert
+    def read(epoch: tf.Tensor, index: tf.Tensor) -> Any:
+        columns = tf.numpy_function(pull, [epoch, index], dtypes, stateful=False, name="yogacache_read")
+        for column, shape in zip(columns, shapes):
+            column.set_shape(shape)
+        return tuple(columns) if refill else unflatten(columns, spec)
+
+    @tf.autograph.experimental.do_not_convert
+    def epoch_reads(epoch: tf.Tensor) -> tf.data.Dataset:
+        # Runs when the epoch starts and again when a checkpoint restores an iterator inside it.
+        count = tf.numpy_function(functions.enter, [epoch], tf.int64, stateful=True, name="yogacache_enter")
+        numbered = tf.data.Dataset.range(tf.reshape(count, [])).map(lambda index: (epoch, index))
+        return numbered.map(read)
+
+    @tf.autograph.experimental.do_not_convert
+    def with_zero_size_leaves(_: tf.Tensor, *values: tf.Tensor) -> Any:
+        carried_values = iter(values)
+        return unflatten(
+            [
+                next(carried_values) if kept else tf.zeros(leaf.shape, _tf_dtype(leaf.dtype))
+                for leaf, kept in zip(leaves, carried)
+            ],
+            spec,
+        )
+
+    _generators_started.set()
+    # prefetch(1): the next read (Python) overlaps unbatch and the consumer's batching of this
+    # one (C++), instead of the two taking turns on one thread.
+    dataset = tf.data.Dataset.range(1).map(next_epoch).flat_map(epoch_reads).prefetch(1).unbatch()
+    if refill:
+        dataset = dataset.map(with_zero_size_leaves)
+    options = tf.data.Options()
+    # The epoch counter is the pipeline's one piece of state outside TensorFlow; a checkpoint
+    # holds the epoch it produced (as the flat_map's input), so the counter is not needed.
+    options.experimental_external_state_policy = tf.data.experimental.ExternalStatePolicy.IGNORE
+    dataset = dataset.with_options(options)
+    dataset._yogacache_reads = reads  # the functions' weak reference lives as long as the dataset
+    return dataset
 
 
 def make_tf_dataset(stream: Stream) -> tf.data.Dataset:
     """A ``tf.data.Dataset`` of the stream's elements; each iteration of it is the next epoch."""
     spec = stream.element_spec
     batch_fn = stream.batch_iterator_fn
-    leaves = spec_leaves(spec) if spec is not None else []
-    if spec is not None and batch_fn is not None and stream.max_batches is not None and leaves:
-        # One stateful map over the read numbers: cheaper to trace and to start than
-        # from_generator, whose nested functions cost tens of milliseconds on the first element.
-        count = max(1, stream.max_batches)
-        pull = _ReadPuller(batch_fn, leaves, count - 1)
-        dtypes = [_tf_dtype(leaf.dtype) for leaf in leaves]
-        shapes = [tf.TensorShape([None, *(leaf.shape or ())]) for leaf in leaves]
-
-        @tf.autograph.experimental.do_not_convert  # plain graph code: transpiling it costs ~100 ms
-        def pull_read(index: tf.Tensor) -> Any:
-            columns = tf.numpy_function(pull, [index], dtypes, stateful=True, name="yogacache_read")
-            for column, shape in zip(columns, shapes):
-                column.set_shape(shape)
-            return unflatten(columns, spec)
-
-        _generators_started.set()
-        # prefetch(1): the next read (Python) overlaps unbatch and the consumer's batching of
-        # this one (C++), instead of the two taking turns on one thread.
-        dataset = tf.data.Dataset.range(count).map(pull_read).prefetch(1).unbatch()
-    elif spec is not None and batch_fn is not None:
+    if spec is not None and stream.epoch_reads is not None and spec_leaves(spec):
+        dataset = _epoch_read_dataset(stream.epoch_reads, spec)
+    elif spec is not None and batch_fn is not None and not any(map(_is_zero_size, spec_leaves(spec))):
 
         def batches() -> Iterator[Any]:
             keep_freed_memory()

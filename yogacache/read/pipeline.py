@@ -26,6 +26,7 @@ from yogacache.read.shuffle import EpochPlan
 
 __all__ = [
     "EpochCursor",
+    "EpochReads",
     "FIRST_READ_BYTES",
     "FIRST_READ_RECORDS",
     "FULL_READ_BYTES",
@@ -77,6 +78,7 @@ class Stream:
         state_fn: Optional[Callable[[int], dict[str, Any]]] = None,
         max_batches: Optional[int] = None,
         spec_converter: Optional[Callable[[Spec, str], Any]] = None,
+        epoch_reads: Optional[EpochReads] = None,
     ) -> None:
         self.iterator_fn = iterator_fn
         self.length = length
@@ -90,6 +92,9 @@ class Stream:
         self.max_batches = max_batches
         self.state_fn = state_fn
         self.spec_converter = spec_converter
+        # Random access to the same reads, by (epoch, read number): what a framework whose
+        # iterators checkpoint (tf.data) maps over, holding no reader state of its own.
+        self.epoch_reads = epoch_reads
 
     def state_dict(self, records_consumed: int) -> dict[str, Any]:
         """The resume state after this rank consumed ``records_consumed`` records of the stream.
@@ -161,6 +166,16 @@ class ReadSizes:
             yield size
             size = min(self.full, size * 2)
 
+    def bounds(self, read: int) -> tuple[int, int]:
+        """The epoch positions ``[begin, end)`` of read number ``read`` (one worker)."""
+        begin, size, done = 0, self.first, 0
+        while done < read and size < self.full:
+            begin += size
+            size = min(self.full, size * 2)
+            done += 1
+        begin += (read - done) * size
+        return begin, begin + size
+
     def count(self, records: int) -> int:
         """How many reads an epoch of ``records`` records takes (one worker, blocks of one)."""
         count = begin = 0
@@ -227,6 +242,63 @@ class EpochCursor:
         return self._schedule.plan(epoch, position)
 
 
+class EpochReads:
+    """The reads of every epoch by number: read ``i`` of epoch ``e`` depends on ``(e, i)`` alone.
+
+    The same reads, in the same order, as ``plan_reads`` with one worker. ``count`` reads cover a
+    whole epoch (the last one takes whatever is left); a shorter, resumed first epoch gives
+    empty reads past its end. ``next_epoch`` hands out epoch numbers to successive iterations,
+    starting at the schedule's start; a read of epoch ``e`` moves that on past ``e``, so that an
+    iterator restored from a checkpoint is followed by the epoch after its own.
+    """
+
+    def __init__(self, reader: CacheReader, schedule: ReadSchedule, sizes: ReadSizes) -> None:
+        self._reader = reader
+        self._schedule = schedule
+        self._sizes = sizes
+        self.count = sizes.count(len(schedule))
+        self._next_epoch = schedule.start[0]
+        self._plans: dict[int, EpochPlan] = {}  # the latest epochs' plans, computed once each
+        self._lock = threading.Lock()
+
+    def next_epoch(self) -> int:
+        with self._lock:
+            epoch = self._next_epoch
+            self._next_epoch += 1
+        return epoch
+
+    def enter(self, epoch: int) -> int:
+        """Notes that ``epoch`` is being read (the next new one is later); returns ``count``."""
+        with self._lock:
+            self._next_epoch = max(self._next_epoch, epoch + 1)
+        return self.count
+
+    def plan(self, epoch: int) -> EpochPlan:
+        self.enter(epoch)
+        with self._lock:
+            plan = self._plans.get(epoch)
+            if plan is None:
+                start_epoch, start_position = self._schedule.start
+                plan = self._schedule.plan(epoch, start_position if epoch == start_epoch else 0)
+                while len(self._plans) >= 2:  # iterators of neighbouring epochs may overlap
+                    del self._plans[min(self._plans)]
+                self._plans[epoch] = plan
+        return plan
+
+    def indices(self, epoch: int, read: int) -> np.ndarray:
+        """The record indices of read ``read`` of ``epoch`` (empty past the epoch's end)."""
+        plan = self.plan(epoch)
+        begin, end = self._sizes.bounds(read)
+        if read >= self.count - 1:
+            end = len(plan)
+        return plan.indices(begin, end) if begin < len(plan) else np.empty(0, dtype=np.int64)
+
+    def read(self, epoch: int, read: int) -> list[np.ndarray]:
+        """One stacked array per leaf: the records of read ``read`` of ``epoch`` (``[]`` if none)."""
+        indices = self.indices(epoch, read)
+        return self._reader.read_columns(indices) if len(indices) else []
+
+
 def read_stream(
     reader: CacheReader, options: ReadOptions, *, spec_converter: Optional[Callable[[Spec, str], Any]] = None
 ) -> Stream:
@@ -239,8 +311,9 @@ def read_stream(
         for indices in plan_reads(cursor.next_epoch(), sizes):
             yield from reader.read_elements(indices)
 
-    batch_fn = None
+    batch_fn = epoch_reads = None
     if reader.codec.stackable:
+        epoch_reads = EpochReads(reader, schedule, sizes)
 
         def iterate_batches() -> Iterator[list[np.ndarray]]:
             for indices in plan_reads(cursor.next_epoch(), sizes):
@@ -257,4 +330,5 @@ def read_stream(
         state_fn=lambda records: schedule.state(schedule.start, records),
         max_batches=sizes.count(len(schedule)) if batch_fn is not None else None,
         spec_converter=spec_converter,
+        epoch_reads=epoch_reads,
     )
