@@ -82,3 +82,25 @@ def test_an_iterator_outlives_the_dataset_object_it_came_from(tmp_path: Path) ->
     iterator = iter(make_tf_dataset(CacheDataRef(store.open("outlive", "v1")).stream()).batch(100))
     gc.collect()
     assert np.concatenate([batch.numpy() for batch in iterator]).tolist() == list(range(2000))
+
+
+def _batches(dataset: tf.data.Dataset) -> list[list[list[int]]]:
+    return [[batch["x"].numpy().tolist(), batch["v"].numpy().tolist()] for batch in dataset]
+
+
+def test_batch_rebatches_the_reads_with_batch_semantics(tmp_path: Path) -> None:
+    """``batch`` on a yogacache dataset rebatches whole reads; it must equal plain batching."""
+    store = CacheStore(tmp_path)
+    store.build("rb", "v1", tf.data.Dataset.range(1000).map(lambda x: {"x": x, "v": tf.fill([2], x)}))
+    reader = store.open("rb", "v1")
+    for kwargs in ({}, {"shuffle": True, "shuffle_seed": 3, "start_offset": 130, "num_shards": 3}):
+        for size, drop in ((7, False), (64, True), (1000, False)):
+            # Two streams: each iteration of a stream is its next epoch.
+            batched = make_tf_dataset(CacheDataRef(reader).stream(**kwargs)).batch(size, drop_remainder=drop)
+            dataset = make_tf_dataset(CacheDataRef(reader).stream(**kwargs))
+            plain = tf.data.Dataset.batch(dataset, size, drop_remainder=drop)  # the unbatched path
+            assert "Rebatch" in type(batched._input_dataset).__name__ + type(batched).__name__
+            assert batched.element_spec == plain.element_spec
+            assert int(batched.cardinality()) == int(plain.cardinality())
+            for _ in range(2):  # the (resumed) first epoch, then a whole one
+                assert _batches(batched) == _batches(plain)

@@ -215,8 +215,11 @@ def _is_zero_size(leaf: TensorSpec) -> bool:
     return 0 in (leaf.shape or ())
 
 
-def _epoch_read_dataset(reads: EpochReads, spec: Spec) -> tf.data.Dataset:
+def _epoch_read_datasets(reads: EpochReads, spec: Spec) -> tuple[tf.data.Dataset, Optional[tf.data.Dataset]]:
     """Each iteration: one epoch number, then that epoch's reads, unbatched into elements.
+
+    Returns the dataset of elements and, unless zero-size leaves make it differ, the dataset
+    of whole reads it unbatches (what ``batch`` rebatches, see ``_batch_by_rebatching``).
 
     Leaves of zero size (a dimension of 0) never reach ``unbatch``, which crashes the process
     on them (TensorFlow 2.16-2.21): a read carries a row-number column instead, and each
@@ -273,24 +276,52 @@ def _epoch_read_dataset(reads: EpochReads, spec: Spec) -> tf.data.Dataset:
     _generators_started.set()
     # prefetch(1): the next read (Python) overlaps unbatch and the consumer's batching of this
     # one (C++), instead of the two taking turns on one thread.
-    dataset = tf.data.Dataset.range(1).map(next_epoch).flat_map(epoch_reads).prefetch(1).unbatch()
-    if refill:
-        dataset = dataset.map(with_zero_size_leaves)
     options = tf.data.Options()
     # The epoch counter is the pipeline's one piece of state outside TensorFlow; a checkpoint
     # holds the epoch it produced (as the flat_map's input), so the counter is not needed.
     options.experimental_external_state_policy = tf.data.experimental.ExternalStatePolicy.IGNORE
-    dataset = dataset.with_options(options)
-    dataset._yogacache_reads = reads  # the functions' weak reference lives as long as the dataset
-    return dataset
+    batches = tf.data.Dataset.range(1).map(next_epoch).flat_map(epoch_reads).prefetch(1).with_options(options)
+    batches._yogacache_reads = reads  # the functions' weak reference lives as long as this
+    dataset = batches.unbatch()
+    if refill:
+        return dataset.map(with_zero_size_leaves), None
+    return dataset, batches
+
+
+def _batch_by_rebatching(dataset: tf.data.Dataset, reads: tf.data.Dataset, length: Optional[int]) -> None:
+    """Makes ``dataset.batch`` rebatch the reads (one copy per element) instead of batching
+    the unbatched elements (two copies, and TensorFlow's per-element work twice).
+
+    ``rebatch(n)`` is ``unbatch().batch(n)`` done in one step: the batches, their element spec
+    and their iterator checkpoints are the same. The other transformations (``map``,
+    ``shuffle``, ...) see the elements as before.
+    """
+
+    def batch(
+        batch_size: Any,
+        drop_remainder: bool = False,
+        num_parallel_calls: Any = None,
+        deterministic: Optional[bool] = None,
+        name: Optional[str] = None,
+    ) -> tf.data.Dataset:
+        batched = reads.rebatch(batch_size, drop_remainder=drop_remainder, name=name)
+        size = tf.get_static_value(batch_size)
+        if length is not None and size is not None and int(size) > 0:
+            batches = length // int(size) if drop_remainder else -(-length // int(size))
+            batched = batched.apply(tf.data.experimental.assert_cardinality(batches))
+        return batched
+
+    batch.__doc__ = tf.data.Dataset.batch.__doc__
+    dataset.batch = batch
 
 
 def make_tf_dataset(stream: Stream) -> tf.data.Dataset:
     """A ``tf.data.Dataset`` of the stream's elements; each iteration of it is the next epoch."""
     spec = stream.element_spec
     batch_fn = stream.batch_iterator_fn
+    reads = None
     if spec is not None and stream.epoch_reads is not None and spec_leaves(spec):
-        dataset = _epoch_read_dataset(stream.epoch_reads, spec)
+        dataset, reads = _epoch_read_datasets(stream.epoch_reads, spec)
     elif spec is not None and batch_fn is not None and not any(map(_is_zero_size, spec_leaves(spec))):
 
         def batches() -> Iterator[Any]:
@@ -311,4 +342,6 @@ def make_tf_dataset(stream: Stream) -> tf.data.Dataset:
     if stream.uniform_epochs:
         # Known cardinality lets Keras size its epochs and progress bars.
         dataset = dataset.apply(tf.data.experimental.assert_cardinality(len(stream)))
+    if reads is not None:
+        _batch_by_rebatching(dataset, reads, len(stream) if stream.uniform_epochs else None)
     return dataset
