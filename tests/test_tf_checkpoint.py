@@ -15,7 +15,6 @@ from pathlib import Path
 
 import pytest
 
-
 SCRIPT = r"""
 import json, os, sys
 import numpy as np
