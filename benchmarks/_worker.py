@@ -261,15 +261,24 @@ def task_lmdb_append(p: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _read_pipeline(ref: Any, adapter: Any) -> tuple[Any, Any]:
-    """The measured consumer: shard 0 of 2, shuffled, ``make_tf_dataset(...).batch(256).prefetch(2)``."""
+def _read_pipeline(ref: Any, adapter: Any, per_element: bool = False) -> tuple[Any, Any]:
+    """The measured consumer: shard 0 of 2, shuffled, ``make_tf_dataset(...).batch(256).prefetch(2)``.
+
+    ``per_element`` batches through ``tf.data.Dataset.batch`` itself (element by element, as
+    when a ``map`` or ``shuffle`` sits before ``batch``) instead of the dataset's own ``batch``,
+    which yogacache implements by rebatching whole reads.
+    """
+    import tensorflow as tf
+
     stream = ref.stream(
         shuffle=True,
         shuffle_seed=_data.SHUFFLE_SEED,
         shard_rank=_data.SHARD_RANK,
         num_shards=_data.NUM_SHARDS,
     )
-    return stream, adapter.make_tf_dataset(stream).batch(_data.BATCH).prefetch(_data.PREFETCH)
+    dataset = adapter.make_tf_dataset(stream)
+    batched = tf.data.Dataset.batch(dataset, _data.BATCH) if per_element else dataset.batch(_data.BATCH)
+    return stream, batched.prefetch(_data.PREFETCH)
 
 
 def task_read(p: dict[str, Any]) -> dict[str, Any]:
@@ -290,7 +299,7 @@ def task_read(p: dict[str, Any]) -> dict[str, Any]:
 
     def one_pass() -> tuple[float, int]:
         t1 = time.perf_counter()
-        stream, ds = _read_pipeline(ref, adapter)
+        stream, ds = _read_pipeline(ref, adapter, bool(p.get("per_element")))
         count = _consume(ds)
         dt = time.perf_counter() - t1
         if count != len(stream):

@@ -448,6 +448,11 @@ def run_all(ctx: Context) -> None:
             }
             for name, spec in wl.items()
         ]
+        if lib == "yogacache":  # the same read, batched element by element (no rebatching)
+            tasks += [
+                dict(task, key=task["key"].replace("read/", "read_elements/"), per_element=True)
+                for task in tasks
+            ]
         run_worker(ctx, f"read-{lib}", python, tasks)
         if memory:
             run_worker(
@@ -619,6 +624,13 @@ def build_rows(ctx: Context) -> list[dict[str, Any]]:
                 "1. shuffled sharded read vs tf.data cache(file) read pass",
                 label,
                 yc_read,
+                _get(r, f"tf_cache/{name}", "read_rate"),
+                "rec/s",
+            ),
+            _row(
+                "1. shuffled sharded read, element by element (a map before batch), vs tf.data cache(file)",
+                label,
+                _get(r, f"read_elements/yogacache/{name}", "rate"),
                 _get(r, f"tf_cache/{name}", "read_rate"),
                 "rec/s",
             ),
