@@ -47,9 +47,9 @@ print(json.dumps(rest))
 """
 
 
-def _run(root: Path, phase: str, kwargs: dict, batches: int = 0) -> list[list[int]]:
+def _run(root: Path, phase: str, kwargs: dict, batches: int = 0, script: str = SCRIPT) -> list[list[int]]:
     result = subprocess.run(
-        [sys.executable, "-c", SCRIPT, str(root), phase, json.dumps(kwargs), str(batches)],
+        [sys.executable, "-c", script, str(root), phase, json.dumps(kwargs), str(batches)],
         capture_output=True,
         text=True,
         timeout=300,
@@ -85,16 +85,7 @@ def test_a_restored_iterator_is_followed_by_the_next_epoch(tmp_path: Path) -> No
         "rest = [batch[\"x\"].numpy().tolist() for batch in iterator] + [b[\"x\"].numpy().tolist() for b in dataset]",
     )
     kwargs = {"shuffle": True, "shuffle_seed": 5}
-    outputs = []
-    for phase, batches in (("save", 40), ("restore", 0)):
-        result = subprocess.run(
-            [sys.executable, "-c", script, str(tmp_path), phase, json.dumps(kwargs), str(batches)],
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
-        assert result.returncode == 0, result.stderr[-3000:]
-        outputs.append(json.loads(result.stdout.strip().splitlines()[-1]))
+    outputs = [_run(tmp_path, "save", kwargs, 40, script), _run(tmp_path, "restore", kwargs, 0, script)]
     assert outputs[0] == outputs[1]
     second_epoch = sorted(x for batch in outputs[1][-125:] for x in batch)
     assert second_epoch == list(range(1000))
