@@ -58,6 +58,7 @@ def _run(root: Path, phase: str, kwargs: dict, batches: int = 0, script: str = S
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "kwargs, batches",
     [
@@ -77,6 +78,7 @@ def test_an_iterator_checkpoint_restores_exactly_in_a_new_process(
     assert sum(len(batch) for batch in saved) > 500  # the rest of this epoch and two more
 
 
+@pytest.mark.slow
 def test_a_restored_iterator_is_followed_by_the_next_epoch(tmp_path: Path) -> None:
     """Without repeat: the iteration after a restored one reads the epoch after it."""
     script = SCRIPT.replace(".repeat(3)", "")
