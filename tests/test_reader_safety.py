@@ -82,7 +82,7 @@ def pickled(reader: CacheReader, tmp_path: Path) -> Path:
 # -- the build a reader was opened on, in every process ------------------------------------------
 
 
-@pytest.mark.parametrize("context", ["spawn", "fork"])
+@pytest.mark.parametrize("context", ["spawn", "forkserver", "fork"])
 def test_dataloader_workers_read_the_build_the_reader_was_opened_on(store: CacheStore, context: str) -> None:
     reader = store.open("data", "v1")
     assert len(reader.manifest.parts) > 1
