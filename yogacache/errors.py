@@ -27,6 +27,10 @@ class CorruptCacheError(YogaCacheError):
     """A cache on disk does not match its manifest (truncated, altered or unreadable)."""
 
 
+class CacheReplacedError(YogaCacheError):
+    """A reader reopened in another process finds that its build was replaced or removed."""
+
+
 class IncompatibleCacheError(YogaCacheError):
     """A cache was written by a newer format version than this yogacache can read."""
 

@@ -29,6 +29,11 @@ class RecordCodec:
     def __init__(self, spec: Spec) -> None:
         self.spec = spec
         self.leaves = spec_leaves(spec)
+        if not self.leaves:
+            raise UnsupportedDatasetError(
+                f"an element with no tensor ({spec!r}) cannot be cached: a record needs at "
+                "least one array, number, string or bytes leaf"
+            )
         self._dtypes = [numpy_dtype(leaf.dtype) for leaf in self.leaves]
         # Batches can be stacked into dense columns only when every leaf has a fixed shape.
         self.stackable = all(leaf.is_fully_defined for leaf in self.leaves)

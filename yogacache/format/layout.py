@@ -21,6 +21,21 @@ from yogacache.format.spec import STRING, TensorSpec, numpy_dtype
 # ones are joined and sliced column-wise (fewer Python operations).
 _ROW_COPY_BYTES = 16 << 10
 _ALIGN = 64  # TensorFlow adopts 64-byte aligned numpy buffers without copying them
+_MAX_BIN_BYTES = 0xFFFFFFFF  # the largest msgpack bin (bin 32)
+
+
+def _leaf_bytes(leaf: TensorSpec) -> int:
+    """The raw bytes of one fixed-shape numeric leaf."""
+    return math.prod(int(d or 0) for d in leaf.shape or ()) * numpy_dtype(leaf.dtype).itemsize
+
+
+def _bin_header(size: int) -> bytes:
+    """The msgpack header of a bin of ``size`` bytes, as ``Packer(use_bin_type=True)`` writes it."""
+    if size <= 0xFF:
+        return b"\xc4" + size.to_bytes(1, "big")
+    if size <= 0xFFFF:
+        return b"\xc5" + size.to_bytes(2, "big")
+    return b"\xc6" + size.to_bytes(4, "big")
 
 
 def aligned_empty(shape: tuple[int, ...], dtype: np.dtype[Any]) -> np.ndarray[Any, Any]:
@@ -42,37 +57,44 @@ class FixedLayout:
 
     @staticmethod
     def applies(leaves: Sequence[TensorSpec]) -> bool:
-        return all(leaf.is_fully_defined and leaf.dtype != STRING for leaf in leaves)
+        return all(
+            leaf.is_fully_defined and leaf.dtype != STRING and _leaf_bytes(leaf) <= _MAX_BIN_BYTES
+            for leaf in leaves
+        )
 
     def __init__(self, leaves: Sequence[TensorSpec]) -> None:
+        # Only the header bytes are kept: the layout costs O(header) whatever shape the spec
+        # declares (a record of 4 GB is laid out without allocating it).
         packer = msgpack.Packer(use_bin_type=True, autoreset=True)
-        template = bytearray(packer.pack_array_header(len(leaves)))
+        array_header = packer.pack_array_header(len(leaves))
         self.fields: list[tuple[int, int, np.dtype[Any], tuple[int, ...]]] = []
-        headers: list[tuple[int, int]] = []
+        headers: list[tuple[int, bytes]] = [(0, array_header)]
+        offset = len(array_header)
         for leaf in leaves:
             shape = tuple(int(d or 0) for d in leaf.shape or ())
             dtype = numpy_dtype(leaf.dtype)
-            size = math.prod(shape) * dtype.itemsize
+            size = _leaf_bytes(leaf)
             header = (
                 packer.pack_array_header(3)
                 + packer.pack(leaf.dtype)
                 + packer.pack(list(shape))
-                + packer.pack(bytes(size))[: -size or None]
+                + _bin_header(size)
             )
-            headers.append((len(template), len(template) + len(header)))
-            template += header
-            self.fields.append((len(template), size, dtype, shape))
-            template += bytes(size)
-        self.template = np.frombuffer(bytes(template), dtype=np.uint8)
-        self.record_size = len(template)
+            headers.append((offset, header))
+            offset += len(header)
+            self.fields.append((offset, size, dtype, shape))
+            offset += size
+        self.record_size = offset
         self._local = threading.local()
-        # Merge adjacent header runs into slices checked on decode.
-        self.header_slices = [slice(a, b) for a, b in headers if b > a]
-        self.header_slices.insert(0, slice(0, headers[0][0]) if headers else slice(0, 1))
+        # The header runs every record repeats, checked on decode, with their bytes.
+        self.header_slices = [slice(start, start + len(data)) for start, data in headers if data]
+        self.header_values = [np.frombuffer(data, dtype=np.uint8) for _, data in headers if data]
 
     def encode(self, columns: Sequence[Any]) -> list[bytes] | None:
         """The records of a batch given as columns, or None if a column does not match (the
         caller falls back). Records are memoryviews into one table: no per-record copy."""
+        if len(columns) != len(self.fields):
+            return None
         count = len(columns[0]) if len(columns) else 0
         table = self._table(count)
         for column, (offset, size, dtype, shape) in zip(columns, self.fields):
@@ -106,6 +128,8 @@ class FixedLayout:
         """The records of a batch given as flat leaf lists, or None if a leaf does not match."""
         table = self._table(len(rows))
         for index, row in enumerate(rows):
+            if len(row) != len(self.fields):
+                return None
             for value, (offset, size, dtype, shape) in zip(row, self.fields):
                 array = np.asarray(value)
                 if array.dtype != dtype or array.shape != shape:
@@ -114,8 +138,10 @@ class FixedLayout:
         return self._records(table)
 
     def _table(self, count: int) -> np.ndarray[Any, Any]:
+        """A table of ``count`` records with their headers filled in (the callers fill every leaf)."""
         table = np.empty((count, self.record_size), dtype=np.uint8)
-        table[:] = self.template
+        for part, value in zip(self.header_slices, self.header_values):
+            table[:, part] = value
         return table
 
     def _records(self, table: np.ndarray[Any, Any]) -> list[Any]:
@@ -141,9 +167,8 @@ class FixedLayout:
                 f"a record is not {size} bytes long, as the manifest's element spec says"
             ) from None
         table = staging[: count * size].reshape(count, size)
-        for part in self.header_slices:
-            expected = np.broadcast_to(self.template[part], (count, part.stop - part.start))
-            if not np.array_equal(table[:, part], expected):
+        for part, value in zip(self.header_slices, self.header_values):
+            if not np.array_equal(table[:, part], np.broadcast_to(value, (count, len(value)))):
                 raise CorruptCacheError("a record does not match the manifest's element spec")
         columns = []
         for offset, length, dtype, shape in self.fields:
@@ -160,15 +185,21 @@ class FixedLayout:
         return buffer
 
     def _decode_rows(self, values: Sequence[Any]) -> list[np.ndarray[Any, Any]]:
-        """Large records: copy each leaf straight from the record into its column (one copy)."""
+        """Large records: copy each leaf straight from the record into its column (one copy).
+
+        Every record is checked before the columns are allocated: a record that does not
+        match the spec costs no allocation of the size the spec declares."""
         count = len(values)
-        columns = [aligned_empty((count, *shape), dtype) for _, _, dtype, shape in self.fields]
-        targets = [column.reshape(count, -1).view(np.uint8) for column in columns]
         header_index, header_bytes = self._header
-        for row, value in enumerate(values):
+        records = []
+        for value in values:
             record = np.frombuffer(value, dtype=np.uint8)
             if len(record) != self.record_size or not np.array_equal(record[header_index], header_bytes):
                 raise CorruptCacheError("a record does not match the manifest's element spec")
+            records.append(record)
+        columns = [aligned_empty((count, *shape), dtype) for _, _, dtype, shape in self.fields]
+        targets = [column.reshape(count, -1).view(np.uint8) for column in columns]
+        for row, record in enumerate(records):
             for target, (offset, size, _, _) in zip(targets, self.fields):
                 target[row] = record[offset : offset + size]
         return columns
@@ -176,5 +207,5 @@ class FixedLayout:
     @functools.cached_property
     def _header(self) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
         index = np.concatenate([np.arange(p.start, p.stop) for p in self.header_slices])
-        return index, self.template[index]
+        return index, np.concatenate(self.header_values)
 

@@ -37,6 +37,9 @@ _NUMERIC_DTYPES = frozenset(
 SUPPORTED_DTYPES = _NUMERIC_DTYPES | {STRING}
 
 Shape = Union[tuple[Union[int, None], ...], None]
+# How deep dicts and tuples may nest in an element (far deeper than any real dataset, far
+# below Python's recursion limit, which the recursive functions here would otherwise hit).
+MAX_NESTING = 100
 
 
 @dataclass(frozen=True)
@@ -155,8 +158,10 @@ def spec_to_json(spec: Spec) -> Any:
     return {"tuple": [spec_to_json(item) for item in spec]}
 
 
-def spec_from_json(data: Any) -> Spec:
+def spec_from_json(data: Any, depth: int = 0) -> Spec:
     try:
+        if depth > MAX_NESTING:
+            raise CorruptCacheError(f"element spec is nested more than {MAX_NESTING} levels deep")
         if "tensor" in data:
             shape = data["tensor"]["shape"]
             dims = None if shape is None else tuple(None if d is None else int(d) for d in shape)
@@ -164,21 +169,33 @@ def spec_from_json(data: Any) -> Spec:
                 raise CorruptCacheError(f"element spec has a negative dimension: {list(dims)}")
             return TensorSpec(dtype=str(data["tensor"]["dtype"]), shape=dims)
         if "dict" in data:
-            return {str(key): spec_from_json(value) for key, value in data["dict"]}
-        return tuple(spec_from_json(item) for item in data["tuple"])
+            spec: Spec = {str(key): spec_from_json(value, depth + 1) for key, value in data["dict"]}
+        else:
+            spec = tuple(spec_from_json(item, depth + 1) for item in data["tuple"])
     except (KeyError, TypeError, ValueError, UnsupportedDatasetError) as error:
         raise CorruptCacheError(f"element spec in manifest is malformed: {error}") from error
+    if depth == 0 and not spec_leaves(spec):
+        raise CorruptCacheError("element spec in manifest is malformed: it holds no tensor")
+    return spec
 
 
-def infer_spec(element: Any) -> Spec:
-    """The spec of a framework-neutral element (nested dicts/tuples of arrays, numbers, str, bytes)."""
+def infer_spec(element: Any, _depth: int = 0) -> Spec:
+    """The spec of a framework-neutral element (nested dicts/tuples of arrays, numbers, str, bytes).
+
+    Raises UnsupportedDatasetError for an element nested more than ``MAX_NESTING`` levels deep.
+    """
+    if isinstance(element, (Mapping, tuple, list)) and _depth >= MAX_NESTING:
+        raise UnsupportedDatasetError(
+            f"the element nests dicts and tuples more than {MAX_NESTING} levels deep: "
+            "flatten its structure (e.g. into a dict of tensors) to cache it"
+        )
     if isinstance(element, Mapping):
         for key in element:
             if not isinstance(key, str):
                 raise UnsupportedDatasetError(f"dict keys must be strings, got {key!r}")
-        return {key: infer_spec(element[key]) for key in element}
+        return {key: infer_spec(element[key], _depth + 1) for key in element}
     if isinstance(element, (tuple, list)):
-        return tuple(infer_spec(item) for item in element)
+        return tuple(infer_spec(item, _depth + 1) for item in element)
     array = as_leaf_array(element)
     dtype = STRING if array.dtype == object else array.dtype.name
     return TensorSpec(dtype=dtype, shape=tuple(array.shape))

@@ -2,26 +2,39 @@
 
 Opening checks the manifest, the part files' exact sizes and (unless a stamp shows the files
 are unchanged since they were last hashed) their SHA-256, so that a truncated or altered part
-raises CorruptCacheError instead of reaching LMDB, which may crash on a damaged file. LMDB
-environments open read-only and lazily per process: a reader that crosses ``fork()`` reopens.
+raises CorruptCacheError instead of reaching LMDB, which may crash on a damaged file. Each part's
+LMDB environment is opened through the very descriptor that was checked and holds the part's
+only descriptor: a rebuild or sync that replaces the cache later never reaches the reader, and a
+cache of N parts costs N open files.
+
+A reader reads the build it was opened on in every process, or raises CacheReplacedError.
+Environments open read-only, once per process, and never cross ``fork()``: a forked child
+reopens each part through the descriptor it inherited; a reader sent to another process
+(pickled for a spawned DataLoader worker) reopens each part through the opening process's
+descriptor while that process holds it, else by name, and then only if the file is the one it
+opened, or a file of the same build that passes verification.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import errno
+import functools
 import logging
 import os
 import threading
 import weakref
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence, TypeVar
+from types import TracebackType
+from typing import Any, Callable, Iterator, Optional, Sequence, TypeVar
 
 import lmdb
 import numpy as np
 
-from yogacache.errors import CorruptCacheError
+from yogacache.errors import CacheNotFoundError, CacheReplacedError, CorruptCacheError
 from yogacache.format.codec import RecordCodec
-from yogacache.format.integrity import Verify, verify_parts
+from yogacache.format.integrity import VERIFY_MODES, FileIdentity, Verify, verify_parts
 from yogacache.format.manifest import Manifest, PartInfo
 from yogacache.format.spec import unflatten
 
@@ -30,12 +43,7 @@ T = TypeVar("T")
 _PROC_FDS = Path("/proc/self/fd")
 # Records this large span several pages: reading ahead beats faulting page by page.
 LARGE_RECORD_BYTES = 32 << 10
-
-# LMDB refuses to open one file twice in a process, and an environment must never cross
-# fork(): readers of the same part share one environment per process, keyed by file identity.
-_open_environments: weakref.WeakValueDictionary[tuple[int, int], Any] = weakref.WeakValueDictionary()
-_open_environments_pid = os.getpid()
-_open_environments_lock = threading.Lock()
+_TOO_MANY_FILES = (errno.EMFILE, errno.ENFILE)
 
 
 def _physical_memory() -> int:
@@ -45,61 +53,176 @@ def _physical_memory() -> int:
         return 0
 
 
-def shared_environment(path: Path, readahead: bool = False) -> Any:
-    """This process's read-only environment for the sealed part at ``path``.
+class _PartEnvironment:
+    """One part's read-only LMDB environment, and the process that opened it."""
+
+    __slots__ = ("env", "pid", "__weakref__")
+
+    def __init__(self, env: Any, pid: int) -> None:
+        self.env = env
+        self.pid = pid
+
+
+# LMDB refuses to open one file twice in a process, and an environment must never cross
+# fork(): readers of the same part share one environment per process, keyed by the file's
+# (st_dev, st_ino). An entry of another process was inherited across fork(). An environment
+# closes (and releases its descriptor) when no reader of this process holds it any more.
+_environments: weakref.WeakValueDictionary[tuple[int, int], _PartEnvironment] = weakref.WeakValueDictionary()
+_environments_lock = threading.Lock()
+
+
+def _reset_lock_after_fork() -> None:
+    global _environments_lock
+    _environments_lock = threading.Lock()  # another thread may have held it at fork()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_reset_lock_after_fork)
+
+
+def _reach(fd: int) -> Optional[Path]:
+    """A path that opens the file held by ``fd`` itself (None where /proc is missing)."""
+    return _PROC_FDS / str(fd) if _PROC_FDS.is_dir() else None
+
+
+def _identity(st: os.stat_result) -> FileIdentity:
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+def _same_file(fd: int, identity: FileIdentity) -> bool:
+    """Whether ``fd`` holds the file ``identity`` describes, unchanged, at its name. The device
+    is left out: it differs between clients of one network filesystem."""
+    return _identity(os.fstat(fd))[1:] == identity[1:]
+
+
+def _held_file(fd: int, identity: FileIdentity) -> bool:
+    """Whether ``fd`` holds the very file ``identity`` describes, reached through a descriptor
+    that a process of this reader still holds. Its ctime is left out: removing the file's name
+    (a rebuild deletes the old build) moves it, while its bytes stay what was verified."""
+    return _identity(os.fstat(fd))[:4] == identity[:4]
+
+
+def _own_descriptors() -> dict[tuple[int, int], int]:
+    """This process's descriptors of regular files, by (st_dev, st_ino)."""
+    found: dict[tuple[int, int], int] = {}
+    try:
+        names = os.listdir(_PROC_FDS)
+    except OSError:
+        return found
+    for name in names:
+        try:
+            st = os.fstat(int(name))
+        except (OSError, ValueError):
+            continue  # the listing's own descriptor, closed by now
+        if st.st_mode & 0o170000 == 0o100000:
+            found.setdefault((st.st_dev, st.st_ino), int(name))
+    return found
+
+
+def _descriptor_limit() -> int:
+    try:
+        import resource
+    except ImportError:  # pragma: no cover - not Unix
+        return -1
+    return int(resource.getrlimit(resource.RLIMIT_NOFILE)[0])
+
+
+def make_room_for_descriptors(count: int) -> None:
+    """Raises this process's soft limit on open files (up to the hard limit) when ``count``
+    more files would take more than half of it."""
+    try:
+        import resource
+    except ImportError:  # pragma: no cover - not Unix
+        return
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or count <= soft // 2:
+        return
+    wanted = soft + count
+    if hard != resource.RLIM_INFINITY:
+        wanted = min(wanted, hard)
+    if wanted <= soft:
+        return
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+    except (ValueError, OSError):
+        return
+    log.info("raised the open files limit from %d to %d for %d cache parts", soft, wanted, count)
+
+
+@contextlib.contextmanager
+def _explain_descriptor_errors(parts: int, directory: Path) -> Iterator[None]:
+    """Says "too many open files" (with what to do) when the descriptor limit is the cause."""
+    try:
+        yield
+    except OSError as error:
+        if error.errno not in _TOO_MANY_FILES:
+            raise
+        raise OSError(
+            error.errno,
+            f"too many open files ({parts} parts, limit {_descriptor_limit()}): raise ulimit -n "
+            f"to read the cache at {directory}, which holds one open file per part",
+        ) from error
+
+
+def _environment(key: tuple[int, int], descriptor: Callable[[], int], readahead: bool, shown: Path) -> _PartEnvironment:
+    """This process's environment for the file ``key``; ``descriptor()`` gives a new descriptor
+    of that file (closed here) when the environment must be opened.
 
     ``readahead`` suits records that span many pages; without it (MADV_RANDOM) a random read
     of a small record faults in only the pages it needs.
     """
-    global _open_environments, _open_environments_pid
-    with _open_environments_lock:
-        if _open_environments_pid != os.getpid():
-            # Inherited across fork(): never use the parent's environments. py-lmdb remembers
-            # every open file process-wide (fork included) and refuses to open it again, so
-            # close this process's copies (read-only, lock-free: the parent's stay untouched).
-            for inherited in list(_open_environments.values()):
-                inherited.close()
-            _open_environments = weakref.WeakValueDictionary()
-            _open_environments_pid = os.getpid()
-        st = os.stat(path)
-        key = (st.st_dev, st.st_ino)
-        env = _open_environments.get(key)
-        if env is None:
-            env = lmdb.open(
-                str(path),
-                subdir=False,
-                readonly=True,
-                lock=False,  # sealed files never change
-                readahead=readahead,
-                max_readers=1024,
-            )
-            _open_environments[key] = env
-        return env
+    pid = os.getpid()
+    with _environments_lock:
+        entry = _environments.get(key)
+        if entry is not None and entry.pid == pid:
+            return entry
+        fd = descriptor()
+        try:
+            if entry is not None:
+                # Inherited across fork(): never used here. py-lmdb refuses a second
+                # environment on a file while one is open, so close this process's copy
+                # (read-only, lock-free: the parent's stays untouched); ``fd`` holds the file.
+                del _environments[key]
+                entry.env.close()
+            reach = _reach(fd)
+            try:
+                env = lmdb.open(
+                    str(reach or shown),
+                    subdir=False,
+                    readonly=True,
+                    lock=False,  # sealed files never change
+                    readahead=readahead,
+                    max_readers=1024,
+                )
+            except lmdb.Error as error:
+                if os.strerror(errno.EMFILE) in str(error) or os.strerror(errno.ENFILE) in str(error):
+                    raise OSError(errno.EMFILE, str(error)) from error
+                raise CorruptCacheError(f"cache part {shown} cannot be opened by LMDB: {error}") from error
+        finally:
+            os.close(fd)
+        entry = _PartEnvironment(env, pid)
+        _environments[key] = entry
+        return entry
+
+
+def _only(manifest: Manifest, part: PartInfo) -> Manifest:
+    """``manifest`` narrowed to one part, to verify that part alone."""
+    return dataclasses.replace(manifest, parts=(part,))
+
 
 class CacheReader:
-    """Reads records of a sealed cache by index."""
+    """Reads records of a sealed cache by index; a context manager (``close()`` on exit)."""
 
     def __init__(
         self, directory: Path, manifest: Optional[Manifest] = None, verify: Verify = "auto"
     ) -> None:
+        if verify not in VERIFY_MODES:
+            raise ValueError(f"verify must be one of {', '.join(VERIFY_MODES)}, got {verify!r}")
         self.directory = Path(directory)
         self.manifest = manifest or Manifest.load(self.directory)
-        # Hold each part open: if the cache is replaced later (a rebuild, a sync), this
-        # reader keeps reading the files it verified, never the new build's.
-        self._fds: dict[str, int] = {}
-        self._fds_pid = os.getpid()
-        try:
-            for part in self.manifest.parts:
-                path = self.directory / part.name
-                try:
-                    self._fds[part.name] = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-                except FileNotFoundError:
-                    raise CorruptCacheError(f"cache part {path} is missing") from None
-            verify_parts(self.directory, self.manifest, verify, opened=self._part_paths())
-        except BaseException:
-            self._close_fds()
-            raise
         self.codec = RecordCodec(self.manifest.element_spec)
+        self._verify: Verify = verify
+        self._closed = False
         # Read ahead when records span pages, or when the whole cache fits easily in memory
         # (cold passes then fill the page cache in large reads); a cache larger than memory
         # read at random is better served page by page.
@@ -107,28 +230,150 @@ class CacheReader:
             self.manifest.total_size_bytes < _physical_memory() // 2
         )
         self._starts = np.array([p.first_record for p in self.manifest.parts], dtype=np.int64)
-        self._envs: list[Any] = []
+        # The process that opened the parts and its descriptor number of each, as last sent
+        # to another process (see __getstate__).
+        self._opener: tuple[int, dict[str, int]] = (os.getpid(), {})
+        self._identities: list[FileIdentity] = []
+        held: list[_PartEnvironment] = []
+        parts = self.manifest.parts
+        make_room_for_descriptors(len(parts))
+        with _explain_descriptor_errors(len(parts), self.directory):
+            for part in parts:
+                path = self.directory / part.name
+                try:
+                    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+                except FileNotFoundError:
+                    raise CorruptCacheError(f"cache part {path} is missing") from None
+                try:
+                    identity = _identity(os.fstat(fd))
+                    reach = _reach(fd)
+                    opened = {part.name: reach} if reach else None
+                    verify_parts(self.directory, _only(self.manifest, part), verify, opened=opened)
+                    held.append(self._attach(part, identity, functools.partial(os.dup, fd)))
+                finally:
+                    os.close(fd)
+                self._identities.append(identity)
+        self._held = held
+        self._envs: list[Any] = [entry.env for entry in held]
+        self._pid = os.getpid()
+
+    def _attach(self, part: PartInfo, identity: FileIdentity, descriptor: Callable[[], int]) -> _PartEnvironment:
+        """This process's environment of ``part``, checked against the manifest's record count."""
+        shown = self.directory / part.name
+        entry = _environment(identity[:2], descriptor, self._readahead, shown)
+        try:
+            entries = entry.env.stat()["entries"]
+        except lmdb.Error as error:
+            raise CorruptCacheError(f"cache part {shown} cannot be opened by LMDB: {error}") from error
+        if entries != part.num_records:
+            raise CorruptCacheError(
+                f"cache part {shown} holds {entries} records, the manifest says {part.num_records}"
+            )
+        return entry
+
+    # -- reopening in another process ------------------------------------------------------------
+    def _reopen(self) -> None:
+        """Opens this process's environments of the parts this reader was opened on."""
+        if self._closed:
+            raise ValueError(f"this reader of the cache at {self.directory} is closed: open the cache again")
+        parts = self.manifest.parts
+        # Environments opened before fork() left their descriptors to this process.
+        inherited: Optional[dict[tuple[int, int], int]] = None
+        if self._pid != -1:
+            inherited = _own_descriptors()
+        make_room_for_descriptors(len(parts))
+        held = []
+        with _explain_descriptor_errors(len(parts), self.directory):
+            for part, identity in zip(parts, self._identities):
+                descriptor = functools.partial(self._descriptor_of, part, identity, inherited)
+                held.append(self._attach(part, identity, descriptor))
+        self._held = held
+        self._envs = [entry.env for entry in held]
+        self._pid = os.getpid()
+
+    def _descriptor_of(
+        self, part: PartInfo, identity: FileIdentity, inherited: Optional[dict[tuple[int, int], int]]
+    ) -> int:
+        """A new descriptor of ``part`` as this reader was opened on, else CacheReplacedError."""
+        fd = (inherited or {}).get(identity[:2])
+        if fd is not None and _held_file(fd, identity):
+            return os.dup(fd)
+        opener, numbers = self._opener
+        number = numbers.get(part.name)
+        if number is not None and opener != os.getpid():
+            # The opening process (a DataLoader's main process) holds the file while it lives.
+            try:
+                fd = os.open(f"/proc/{opener}/fd/{number}", os.O_RDONLY | os.O_CLOEXEC)
+            except OSError as error:
+                if error.errno in _TOO_MANY_FILES:
+                    raise
+                fd = None
+            if fd is not None:
+                if _held_file(fd, identity):
+                    return fd
+                os.close(fd)
+        path = self.directory / part.name
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            fd = None
+        try:
+            if fd is not None and _same_file(fd, identity):
+                return fd
+            self._check_same_build(part, fd)
+            if fd is None:
+                raise CorruptCacheError(f"cache part {path} is missing")
+        except BaseException:
+            if fd is not None:
+                os.close(fd)
+            raise
+        return fd
+
+    def _check_same_build(self, part: PartInfo, fd: Optional[int]) -> None:
+        """The part's name reaches another file: it may serve only if the cache is still the
+        same build (a sync copied it again) and the file passes verification."""
+        manifest = self.manifest
+        name = f"{manifest.dataset_id}:{manifest.dataset_version}"
+        try:
+            current = Manifest.load(self.directory)
+        except CacheNotFoundError:
+            raise CacheReplacedError(
+                f"cache {name} at {self.directory} was removed since this reader was opened "
+                f"(build {manifest.build_id}); reopen it"
+            ) from None
+        if current.build_id != manifest.build_id:
+            raise CacheReplacedError(
+                f"cache {name} at {self.directory} was rebuilt since this reader was opened "
+                f"(build {manifest.build_id}, now {current.build_id}); reopen it"
+            )
+        if fd is None:
+            return  # the caller reports the missing part
+        reach = _reach(fd)
+        verify_parts(self.directory, _only(manifest, part), self._verify, opened={part.name: reach} if reach else None)
+
+    # -- lifetime --------------------------------------------------------------------------------
+    def close(self) -> None:
+        """Releases this reader's part files (each closes once no reader of the process holds
+        it). Idempotent; reading afterwards raises ValueError."""
+        self._closed = True
+        self._held = []
+        self._envs = []
         self._pid = -1
 
-    def _part_paths(self) -> dict[str, Path]:
-        """Paths that reach the held files (through /proc), where the platform has them."""
-        if not self._fds or not _PROC_FDS.is_dir():
-            return {}
-        return {name: _PROC_FDS / str(fd) for name, fd in self._fds.items()}
+    @property
+    def closed(self) -> bool:
+        return self._closed
 
-    def _close_fds(self, _getpid: Callable[[], int] = os.getpid, _close: Callable[[int], None] = os.close) -> None:
-        # The functions are bound at definition: at interpreter exit (TensorFlow's function
-        # registry can keep a reader alive until then) the ``os`` global may already be None.
-        if self._fds_pid == _getpid():
-            for fd in self._fds.values():
-                try:
-                    _close(fd)
-                except OSError:
-                    pass
-        self._fds = {}
+    def __enter__(self) -> CacheReader:
+        return self
 
-    def __del__(self) -> None:
-        self._close_fds()
+    def __exit__(
+        self,
+        exc_type: Optional[type[BaseException]],
+        exc: Optional[BaseException],
+        tb: Optional[TracebackType],
+    ) -> None:
+        self.close()
 
     def __len__(self) -> int:
         return self.manifest.num_records
@@ -140,25 +385,8 @@ class CacheReader:
     def _environments(self) -> list[Any]:
         if self._pid != os.getpid():
             # Never reuse an environment opened before fork(): open our own.
-            self._envs = [self._open_part(part) for part in self.manifest.parts]
-            self._pid = os.getpid()
+            self._reopen()
         return self._envs
-
-    def _open_part(self, part: PartInfo) -> Any:
-        # Forked children inherit the held descriptors; spawned ones reopen by name.
-        shown = self.directory / part.name
-        path = self._part_paths().get(part.name, shown)
-        try:
-            env = shared_environment(path, readahead=self._readahead)
-            entries = env.stat()["entries"]
-        except (lmdb.Error, OSError) as error:
-            raise CorruptCacheError(f"cache part {shown} cannot be opened by LMDB: {error}") from error
-        path = shown
-        if entries != part.num_records:
-            raise CorruptCacheError(
-                f"cache part {path} holds {entries} records, the manifest says {part.num_records}"
-            )
-        return env
 
     def read_values(self, indices: Sequence[int] | np.ndarray) -> list[bytes]:
         """The encoded records at ``indices``, in that order."""
@@ -223,18 +451,22 @@ class CacheReader:
         """One stacked array per leaf for the records at ``indices`` (fixed-shape specs only)."""
         return self._read(indices, self.codec.decode_columns)
 
-    def close(self) -> None:
-        """Drops this reader's environments (closed once no reader in the process uses them)."""
-        self._envs = []
-        self._pid = -1
-
     def __getstate__(self) -> dict[str, Any]:
-        # Sending a reader to another process (DataLoader spawn) sends its location only.
+        # Sending a reader to another process (DataLoader spawn) sends what it was opened on:
+        # the manifest, each part's identity, and where this process holds each part.
         state = dict(self.__dict__)
+        state["_held"] = []
         state["_envs"] = []
         state["_pid"] = -1
-        state["_fds"] = {}
         del state["codec"]  # holds a msgpack Packer, which does not pickle: rebuilt on arrival
+        if self._pid == os.getpid():
+            held = _own_descriptors()
+            numbers = {
+                part.name: held[identity[:2]]
+                for part, identity in zip(self.manifest.parts, self._identities)
+                if identity[:2] in held
+            }
+            state["_opener"] = (os.getpid(), numbers)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
