@@ -10,9 +10,11 @@ import weakref
 from pathlib import Path
 
 import numpy as np
+import pytest
 import tensorflow as tf
 
 from yogacache.dataref import CacheDataRef
+from yogacache.errors import UnsupportedDatasetError
 from yogacache.store.local import CacheStore
 from yogacache.tensorflow import make_tf_dataset
 
@@ -104,3 +106,13 @@ def test_batch_rebatches_the_reads_with_batch_semantics(tmp_path: Path) -> None:
             assert int(batched.cardinality()) == int(plain.cardinality())
             for _ in range(2):  # the (resumed) first epoch, then a whole one
                 assert _batches(batched) == _batches(plain)
+
+
+def test_a_deeply_nested_tf_element_is_refused_with_a_message(tmp_path: Path) -> None:
+    element: object = tf.constant(1)
+    for _ in range(150):
+        element = (element,)
+    dataset = tf.data.Dataset.from_tensors(element)
+    with pytest.raises(UnsupportedDatasetError, match="levels deep"):
+        CacheStore(tmp_path).build("deep", "v1", dataset)
+    assert not CacheStore(tmp_path).exists("deep", "v1")

@@ -28,6 +28,7 @@ except ImportError as error:  # pragma: no cover - exercised only without Tensor
 from yogacache.errors import UnsupportedDatasetError
 from yogacache.format.codec import RecordCodec
 from yogacache.format.spec import (
+    MAX_NESTING,
     STRING,
     SUPPORTED_DTYPES,
     Spec,
@@ -49,8 +50,12 @@ _STRING_GUESS_BYTES = 64
 __all__ = ["make_tf_dataset", "spec_from_tf", "spec_to_tf", "TFDatasetSource"]
 
 
-def spec_from_tf(element_spec: Any, path: str = "element") -> Spec:
+def spec_from_tf(element_spec: Any, path: str = "element", depth: int = 0) -> Spec:
     """The framework-neutral spec of a ``tf.data`` element spec; refuses ragged and sparse."""
+    if isinstance(element_spec, (dict, tuple, list)) and depth >= MAX_NESTING:
+        raise UnsupportedDatasetError(
+            f"{path[:60]}... is nested more than {MAX_NESTING} levels deep; flatten the element"
+        )
     if isinstance(element_spec, tf.TensorSpec):
         dtype = "string" if element_spec.dtype == tf.string else element_spec.dtype.name
         if dtype not in SUPPORTED_DTYPES:
@@ -62,9 +67,9 @@ def spec_from_tf(element_spec: Any, path: str = "element") -> Spec:
         for key in element_spec:
             if not isinstance(key, str):
                 raise UnsupportedDatasetError(f"{path} has a non-string dict key {key!r}")
-        return {key: spec_from_tf(value, f"{path}[{key!r}]") for key, value in element_spec.items()}
+        return {key: spec_from_tf(value, f"{path}[{key!r}]", depth + 1) for key, value in element_spec.items()}
     if isinstance(element_spec, (tuple, list)):
-        return tuple(spec_from_tf(value, f"{path}[{i}]") for i, value in enumerate(element_spec))
+        return tuple(spec_from_tf(value, f"{path}[{i}]", depth + 1) for i, value in enumerate(element_spec))
     kind = type(element_spec).__name__
     hint = {
         "RaggedTensorSpec": "convert it to a dense tensor (x.to_tensor()) or store values and "
