@@ -165,11 +165,18 @@ def test_a_remote_manifest_with_a_traversing_build_id_creates_nothing(tmp_path: 
 
 
 # -- the local store lists and removes caches with a bad manifest --------------------------------
-@pytest.mark.parametrize("content", [b"", b"{not json", b'{"format": "yogacache", "format_version": Infinity}'])
-def test_list_marks_a_bad_manifest_and_keeps_the_others(store: CacheStore, content: bytes) -> None:
+@pytest.mark.parametrize(
+    "content", [b"", b"{not json", b'{"format": "yogacache", "format_version": Infinity}', "infinite", "huge"]
+)
+def test_list_marks_a_bad_manifest_and_keeps_the_others(store: CacheStore, content: bytes | str) -> None:
     store.build("data", "v2", DATA[:5])
     store.build("other", "v1", DATA[:3])
-    (store.cache_dir("data", "v2") / MANIFEST_NAME).write_bytes(content)
+    path = store.cache_dir("data", "v2") / MANIFEST_NAME
+    if isinstance(content, str):  # the real manifest with one number JSON allows but int() refuses
+        number = {"infinite": "Infinity", "huge": "9" * 5000}[content]
+        content = path.read_text().replace('"num_records": 5', f'"num_records": {number}').encode()
+        assert number.encode() in content
+    path.write_bytes(content)
 
     entries = store.list()
 

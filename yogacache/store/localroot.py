@@ -63,9 +63,16 @@ def check_root(root: LocalRoot, *, create: bool) -> bool:
     be written must be writable by this user.
     """
     path = root.path
+    me = os.geteuid()
     if create:
-        make_directories(path.parent)
-        make_directories(path, PRIVATE_DIR_MODE if root.private else PUBLIC_DIR_MODE)
+        try:
+            make_directories(path, PRIVATE_DIR_MODE if root.private else PUBLIC_DIR_MODE)
+        except PermissionError:
+            existing = _existing_ancestor(path)
+            raise ConfigError(
+                f"cannot create cache directory {path}: {existing} belongs to "
+                f"{describe_user(existing.stat().st_uid)} and you ({describe_user(me)}) cannot write to it; {_HINT}"
+            ) from None
     try:
         st = os.lstat(path)
     except FileNotFoundError:
@@ -84,7 +91,6 @@ def check_root(root: LocalRoot, *, create: bool) -> bool:
             raise ConfigError(f"cache directory {path} is a symbolic link to nothing; {_HINT}") from None
     if not stat.S_ISDIR(st.st_mode):
         raise ConfigError(f"cache directory {path} is not a directory; remove it, or {_HINT}")
-    me = os.geteuid()
     if root.private:
         if st.st_uid != me:
             raise ConfigError(
@@ -100,3 +106,9 @@ def check_root(root: LocalRoot, *, create: bool) -> bool:
             f"({describe_user(me)}) cannot write to it; {_HINT}"
         )
     return True
+
+
+def _existing_ancestor(path: Path) -> Path:
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
