@@ -27,6 +27,7 @@ from yogacache.format.durability import write_file_durably
 from yogacache.format.integrity import STAMPS_DIR, Verify, file_identity, has_stamp, verify_parts, write_stamp
 from yogacache.format.manifest import MANIFEST_NAME
 from yogacache.locks import FileLock, LockFileError
+from yogacache.read.reader import CacheReader
 from yogacache.store.local import CacheStore
 from yogacache.store.localroot import LOCAL_CACHE_DIR, LocalRoot, check_root, local_copies_root
 from yogacache.store.remote import RemoteCacheStore
@@ -36,8 +37,8 @@ NOBODY = 65534
 DATA = [{"x": np.int64(i)} for i in range(300)]
 
 
-def records(reader: object) -> list[int]:
-    return [int(e["x"]) for e in reader.read_elements(np.arange(len(reader)))]  # type: ignore[attr-defined]
+def records(reader: CacheReader) -> list[int]:
+    return [int(e["x"]) for e in reader.read_elements(np.arange(len(reader)))]
 
 
 def tree(root: Path) -> list[str]:
@@ -455,8 +456,12 @@ def test_a_stamp_holds_on_another_client_whose_device_number_differs(
         fields[stat.ST_DEV] = st.st_dev + 17
         return os.stat_result(fields, {"st_mtime_ns": st.st_mtime_ns, "st_ctime_ns": st.st_ctime_ns})
 
+    def counted(path: Path, *args: int) -> str:
+        hashed.append(path)
+        return original_hash(path, *args)
+
     with monkeypatch.context() as patch:
-        patch.setattr(integrity, "sha256_file", lambda path, *a: hashed.append(path) or original_hash(path, *a))
+        patch.setattr(integrity, "sha256_file", counted)
         patch.setattr(integrity.os, "stat", another_client)
         verify_parts(directory, manifest, "auto")
     assert hashed == []  # no part re-hashed
