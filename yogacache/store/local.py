@@ -31,6 +31,9 @@ log = logging.getLogger(__name__)
 
 # How many times ``open`` starts again when a rebuild replaced the cache while it was opening it.
 OPEN_ATTEMPTS = 10
+# Holding a directory open (O_PATH where there is one: it needs no read permission) keeps its
+# inode from being reused while ``open`` compares it with what the cache's path names.
+_HOLD_FLAGS = getattr(os, "O_PATH", os.O_RDONLY) | os.O_DIRECTORY | os.O_CLOEXEC
 
 
 def default_cache_root() -> Path:
@@ -134,7 +137,7 @@ class CacheStore:
     ) -> Optional[CacheReader]:
         """A reader, or None when a rebuild replaced the directory while it was being opened."""
         try:
-            held = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            held = os.open(directory, _HOLD_FLAGS)
         except (FileNotFoundError, NotADirectoryError):
             raise CacheNotFoundError(
                 f"no cache for dataset {dataset_id!r} version {dataset_version!r} under {self.root}"

@@ -26,7 +26,10 @@ from yogacache.errors import ConfigError
 from yogacache.safefs import PRIVATE_DIR_MODE, PUBLIC_DIR_MODE, describe_user, make_directories, trusted_link
 
 LOCAL_CACHE_DIR = "yogadl_local_cache"
-_HINT = "set local_cache_host_path (or --local-cache) to a directory of yours"
+_HINT = (
+    "choose a directory of yours: local_cache_host_path (--local-cache) for copies of remote caches, "
+    "host_storage_path (--storage) for local ones"
+)
 
 
 @dataclass(frozen=True)
