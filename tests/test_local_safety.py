@@ -394,7 +394,7 @@ def test_open_during_rebuilds_reads_one_whole_build(tmp_path: Path, verify: Veri
 
     def rebuild() -> None:
         try:
-            for k in range(1, 41):
+            for k in range(1, 31):
                 builder.build("data", "v1", build_number(k))
         except BaseException as error:  # reported below
             errors.append(error)
@@ -465,3 +465,36 @@ def test_a_stamp_holds_on_another_client_whose_device_number_differs(
         patch.setattr(integrity.os, "stat", another_client)
         verify_parts(directory, manifest, "auto")
     assert hashed == []  # no part re-hashed
+
+
+def test_a_failed_download_leaves_no_lock_and_no_directory(tmp_path: Path) -> None:
+    bucket = tmp_path / "bucket"
+    publish(bucket, tmp_path / "publisher")
+    part = next(p for p in (bucket / "data" / "v1").iterdir() if p.name.endswith(".mdb"))
+    part.write_bytes(b"\0" * part.stat().st_size)  # same size, other bytes
+    node = RemoteCacheStore(FileObjectStore(bucket), tmp_path / "node", show_progress=False)
+    with pytest.raises(CorruptCacheError, match="does not match its manifest"):
+        node.open("data", "v1")
+    assert tree(tmp_path / "node") == [LOCAL_CACHE_DIR]  # the root stays; nothing in it
+
+
+def test_another_users_lock_file_still_locks(shared_base: Path) -> None:
+    """A lock file this user cannot write (another user's) is locked through a read-only descriptor."""
+    directory = shared_base / "tmp" / "locks"
+    directory.mkdir()
+    directory.chmod(0o1777)
+    (directory / ".v1.lock").write_text("")
+    (directory / ".v1.lock").chmod(0o644)
+    result = as_nobody(
+        """
+        import sys
+        from yogacache.locks import FileLock
+        with FileLock(sys.argv[1], timeout=10):
+            print("locked")
+        """,
+        str(directory / ".v1.lock"),
+    )
+    assert result.returncode == 0 and result.stdout == "locked\n", result.stderr[-3000:]
+    with FileLock(directory / ".v1.lock", timeout=10):
+        pass
+    assert list(directory.iterdir()) == []  # its owner's release removed it
