@@ -22,7 +22,7 @@ import pytest
 
 from yogacache.backends.files import FileObjectStore
 from yogacache.errors import ConfigError, CorruptCacheError
-from yogacache.format import integrity
+from yogacache.format import durability, integrity
 from yogacache.format.durability import write_file_durably
 from yogacache.format.integrity import STAMPS_DIR, Verify, file_identity, has_stamp, verify_parts, write_stamp
 from yogacache.format.manifest import MANIFEST_NAME
@@ -378,8 +378,14 @@ def test_under_umask_000_nothing_is_writable_by_others(tmp_path: Path) -> None:
 
 
 # -- (10.13) opening while rebuilds swap the directory -------------------------------------------------
-@pytest.mark.parametrize("verify", ["size", "auto"])
-def test_open_during_rebuilds_reads_one_whole_build(tmp_path: Path, verify: Verify) -> None:
+@pytest.mark.parametrize(("verify", "exchange"), [("size", True), ("auto", True), ("auto", False)])
+def test_open_during_rebuilds_reads_one_whole_build(
+    tmp_path: Path, verify: Verify, exchange: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``exchange=False``: a filesystem without renameat2(RENAME_EXCHANGE) (NFS), where a rebuild
+    moves the old cache aside and then the new one in."""
+    if not exchange:
+        monkeypatch.setattr(durability, "_rename_exchange", lambda a, b: False)
     root = tmp_path / "caches"
     builder = CacheStore(root, show_progress=False, part_size_bytes=600)
     n = 200

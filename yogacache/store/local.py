@@ -10,6 +10,7 @@ import builtins
 import logging
 import os
 import shutil
+import time
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional
 
@@ -123,22 +124,26 @@ class CacheStore:
     def _open(self, dataset_id: str, dataset_version: str, verify: Verify) -> CacheReader:
         directory = self.cache_dir(dataset_id, dataset_version)
         self.check_root()
-        for _ in range(OPEN_ATTEMPTS):
-            reader = self._open_one_build(dataset_id, dataset_version, directory, verify)
+        for attempt in range(OPEN_ATTEMPTS):
+            reader = self._open_one_build(dataset_id, dataset_version, directory, verify, attempt + 1 == OPEN_ATTEMPTS)
             if reader is not None:
                 return reader
+            time.sleep(0.005 * attempt)  # let a swap in progress finish
         raise YogaCacheError(
             f"the cache at {directory} was replaced {OPEN_ATTEMPTS} times while it was being opened "
             "(it is being rebuilt again and again); try again when its builds are done"
         )
 
     def _open_one_build(
-        self, dataset_id: str, dataset_version: str, directory: Path, verify: Verify
+        self, dataset_id: str, dataset_version: str, directory: Path, verify: Verify, last: bool
     ) -> Optional[CacheReader]:
-        """A reader, or None when a rebuild replaced the directory while it was being opened."""
+        """A reader, or None when a rebuild replaced the directory while it was being opened
+        (or, on a filesystem without an atomic exchange, is between its two renames)."""
         try:
             held = os.open(directory, _HOLD_FLAGS)
         except (FileNotFoundError, NotADirectoryError):
+            if not last and _being_replaced(directory):
+                return None
             raise CacheNotFoundError(
                 f"no cache for dataset {dataset_id!r} version {dataset_version!r} under {self.root}"
             ) from None
@@ -313,6 +318,13 @@ def _subdirectories(directory: Path) -> Iterator[Path]:
     for entry in entries:
         if not entry.name.startswith(".") and entry.is_dir(follow_symlinks=False):
             yield Path(entry.path)
+
+
+def _being_replaced(directory: Path) -> bool:
+    """Whether the old copy of ``directory`` sits aside as trash: a replacement that could not
+    swap atomically (see ``durability.replace_directory``) is between its two renames, or an
+    earlier one crashed there."""
+    return any(path.name.startswith(f".{directory.name}{TRASH_MARK}") for path in leftovers_of(directory))
 
 
 def _same_directory(held: int, path: Path) -> bool:
