@@ -1,4 +1,12 @@
-"""Node-local exclusive locks on lock files (flock): released by the kernel when a holder dies."""
+"""Node-local exclusive locks on lock files (flock): released by the kernel when a holder dies.
+
+A lock file exists only while someone holds or waits for its lock: the holder unlinks it when
+it releases the lock, so finished and failed commands leave no lock files behind. Unlinking is
+safe because an acquirer checks, once it holds the ``flock``, that the file it locked is still
+the one at the lock's path; if the holder before it unlinked that file, it starts again with a
+new one. Lock files are opened without following a symbolic link (``O_NOFOLLOW``), in a
+directory reached without following a link another user planted.
+"""
 
 from __future__ import annotations
 
@@ -11,53 +19,132 @@ from types import TracebackType
 from typing import Optional
 
 from yogacache.errors import YogaCacheError
+from yogacache.safefs import PUBLIC_FILE_MODE, make_directories, open_directory
+
+# How often opening may find the lock's directory removed under it (by a holder that pruned it
+# as it released) before giving up: in practice it happens once.
+_OPEN_ATTEMPTS = 100
 
 
 class LockTimeoutError(YogaCacheError, TimeoutError):
     """A lock was not acquired within its timeout."""
 
 
+class LockFileError(YogaCacheError, PermissionError):
+    """A lock file cannot be created or opened safely (a planted link, no permission)."""
+
+
 class FileLock:
     """An exclusive ``flock`` on ``path``; a SIGKILLed holder's lock is released automatically.
 
-    The lock file itself is left in place: deleting it would let two processes lock two
-    different inodes under one name.
+    ``prune_parent``: on release, also remove the lock's directory when nothing else is left in
+    it (a cache id's directory after its last version went). Only for directories whose
+    creators always take this lock first, since it may vanish between their mkdir and use.
     """
 
-    def __init__(self, path: Path, timeout: Optional[float] = None, poll: float = 0.05) -> None:
+    def __init__(
+        self, path: Path, timeout: Optional[float] = None, poll: float = 0.05, *, prune_parent: bool = False
+    ) -> None:
         self.path = Path(path)
         self.timeout = timeout
         self.poll = poll
+        self.prune_parent = prune_parent
         self._fd: Optional[int] = None
+        self._dir_fd: Optional[int] = None
 
     def acquire(self) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o755)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         deadline = None if self.timeout is None else time.monotonic() + self.timeout
-        try:
-            while True:
-                try:
-                    flags = fcntl.LOCK_EX | (fcntl.LOCK_NB if deadline is not None else 0)
-                    fcntl.flock(fd, flags)
-                    break
-                except OSError as error:
-                    if error.errno not in (errno.EAGAIN, errno.EACCES, errno.EINTR):
-                        raise
-                    if deadline is not None and time.monotonic() >= deadline:
-                        raise LockTimeoutError(
-                            f"timed out after {self.timeout} s waiting for lock {self.path}"
-                        ) from None
-                    time.sleep(self.poll)
-        except BaseException:
+        while True:
+            dir_fd, fd = self._open()
+            try:
+                self._flock(fd, deadline)
+                if self._is_current(dir_fd, fd):
+                    self._dir_fd, self._fd = dir_fd, fd
+                    return
+            except BaseException:
+                os.close(fd)
+                os.close(dir_fd)
+                raise
+            # The holder before us unlinked this file as it released it: lock the current one.
             os.close(fd)
-            raise
-        self._fd = fd
+            os.close(dir_fd)
+
+    def _open(self) -> tuple[int, int]:
+        """Descriptors of the lock's directory and of the lock file (created if missing)."""
+        name = self.path.name
+        for _ in range(_OPEN_ATTEMPTS):
+            try:
+                dir_fd = open_directory(self.path.parent)
+            except FileNotFoundError:
+                make_directories(self.path.parent)
+                continue
+            except PermissionError as error:
+                raise LockFileError(f"cannot lock {self.path}: {error.strerror or error}") from None
+            try:
+                flags = os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+                try:
+                    return dir_fd, os.open(name, os.O_RDWR | flags, PUBLIC_FILE_MODE, dir_fd=dir_fd)
+                except PermissionError:
+                    # Another user's lock file in a directory both may use: a read-only
+                    # descriptor takes the flock as well.
+                    return dir_fd, os.open(name, os.O_RDONLY | flags, PUBLIC_FILE_MODE, dir_fd=dir_fd)
+            except FileNotFoundError:
+                os.close(dir_fd)  # the directory was removed after we opened it: start over
+                continue
+            except OSError as error:
+                os.close(dir_fd)
+                if error.errno == errno.ELOOP:
+                    raise LockFileError(f"refusing to lock {self.path}: it is a symbolic link") from None
+                if error.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+                    raise LockFileError(
+                        f"cannot create the lock file {self.path}: {error.strerror}; "
+                        f"{self.path.parent} must be writable by this user"
+                    ) from None
+                raise
+        raise LockFileError(f"cannot lock {self.path}: its directory keeps disappearing")
+
+    def _flock(self, fd: int, deadline: Optional[float]) -> None:
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | (fcntl.LOCK_NB if deadline is not None else 0))
+                return
+            except OSError as error:
+                if error.errno not in (errno.EAGAIN, errno.EACCES, errno.EINTR):
+                    raise
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise LockTimeoutError(f"timed out after {self.timeout} s waiting for lock {self.path}") from None
+                time.sleep(self.poll)
+
+    def _is_current(self, dir_fd: int, fd: int) -> bool:
+        """Whether the locked file is still the one at the lock's path."""
+        try:
+            at_path = os.stat(self.path.name, dir_fd=dir_fd, follow_symlinks=False)
+        except FileNotFoundError:
+            return False
+        held = os.fstat(fd)
+        return (at_path.st_dev, at_path.st_ino) == (held.st_dev, held.st_ino)
 
     def release(self) -> None:
-        if self._fd is not None:
-            fd, self._fd = self._fd, None
-            fcntl.flock(fd, fcntl.LOCK_UN)
-            os.close(fd)
+        if self._fd is None or self._dir_fd is None:
+            return
+        fd, dir_fd = self._fd, self._dir_fd
+        self._fd = self._dir_fd = None
+        try:
+            try:
+                os.unlink(self.path.name, dir_fd=dir_fd)  # still ours: we hold its lock
+            except OSError:
+                pass  # another user's file in a sticky directory stays; it still works as a lock
+            if self.prune_parent:
+                try:
+                    os.rmdir(self.path.parent)  # only when empty
+                except OSError:
+                    pass
+        finally:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_UN)
+            finally:
+                os.close(fd)
+                os.close(dir_fd)
 
     def __enter__(self) -> FileLock:
         self.acquire()

@@ -16,8 +16,11 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from yogacache.safefs import PUBLIC_FILE_MODE, create_file
+
 TEMP_MARK = ".tmp-"
 TRASH_MARK = ".trash-"
+
 
 def fsync_path(path: Path) -> None:
     """fsyncs a file or directory by path."""
@@ -28,9 +31,14 @@ def fsync_path(path: Path) -> None:
         os.close(fd)
 
 
-def write_file_durably(path: Path, data: bytes) -> None:
-    """Writes ``data`` to ``path`` and fsyncs it (the directory is the caller's business)."""
-    with open(path, "wb") as handle:
+def write_file_durably(path: Path, data: bytes, mode: int = PUBLIC_FILE_MODE) -> None:
+    """Creates ``path`` holding ``data``, with ``mode`` (less the umask's bits), and fsyncs it
+    (the directory is the caller's business).
+
+    The file must not exist: a file or symbolic link already at ``path`` raises FileExistsError
+    and is left untouched, so a planted link never redirects the write.
+    """
+    with os.fdopen(create_file(path, mode), "wb") as handle:
         handle.write(data)
         handle.flush()
         os.fsync(handle.fileno())

@@ -2,11 +2,14 @@
 
 Verifying never writes into a cache directory: a sealed cache may sit on a read-only mount or
 belong to another user. A stamp is a small file in this user's state directory (see
-``state_dir``) whose name hashes a part file's identity (device, inode, size, mtime, ctime)
-together with the SHA-256 the manifest gives for that part. It says "the file with exactly this
-identity was hashed and had exactly this hash". Writing to a file changes its ctime and replacing
-it changes its inode, so a stamp never vouches for other bytes. Stamps are best effort: where the
-state directory cannot be written, or is not private to this user, verification re-hashes.
+``state_dir``) whose name hashes a part file's identity (inode, size, mtime, ctime) together
+with the SHA-256 the manifest gives for that part. It says "the file with exactly this identity
+was hashed and had exactly this hash". Writing to a file changes its ctime and replacing it
+changes its inode, so a stamp never vouches for other bytes. The identity leaves out the device
+number, which differs between the NFS clients of one file: a state directory on a shared home
+serves every node. Stamps are best effort: where the state directory cannot be written, or is
+not private to this user, verification re-hashes. Stamps are created new (``mkstemp``: mode
+0600, never through a link) and renamed into place.
 """
 
 from __future__ import annotations
@@ -21,15 +24,18 @@ from typing import Literal, Optional
 
 from yogacache.errors import CorruptCacheError
 from yogacache.format.manifest import Manifest
+from yogacache.safefs import PRIVATE_DIR_MODE, make_directories
 
 Verify = Literal["auto", "full", "size"]
 VERIFY_MODES: tuple[Verify, ...] = ("auto", "full", "size")
 STATE_DIR_ENV = "YOGACACHE_STATE_DIR"
 STAMPS_DIR = "verified-parts"
-_STAMP_KIND = "yogacache-verified-part-v1"
+# v1 stamps also named st_dev; they are never read again (their names differ) and are harmless.
+_STAMP_KIND = "yogacache-verified-part-v2"
 
-# (st_dev, st_ino, st_size, st_mtime_ns, st_ctime_ns) of a part file.
-FileIdentity = tuple[int, int, int, int, int]
+# (st_ino, st_size, st_mtime_ns, st_ctime_ns) of a part file: the same on every client of a
+# shared filesystem, unlike st_dev.
+FileIdentity = tuple[int, int, int, int]
 
 
 def state_dir() -> Optional[Path]:
@@ -50,7 +56,7 @@ def state_dir() -> Optional[Path]:
 def file_identity(path: Path) -> FileIdentity:
     """What changes whenever the file's bytes may have: any write moves ctime, a replacement the inode."""
     st = os.stat(path)
-    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+    return (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
 def verify_parts(
@@ -74,10 +80,10 @@ def verify_parts(
             identity = file_identity(path)
         except FileNotFoundError as error:
             raise CorruptCacheError(f"cache part {shown} is missing") from error
-        if identity[2] != part.size_bytes:
+        if identity[1] != part.size_bytes:
             raise CorruptCacheError(
-                f"cache part {shown} is {identity[2]} bytes, the manifest says {part.size_bytes} "
-                "(truncated or replaced); remove the cache and rebuild it"
+                f"cache part {shown} is {identity[1]} bytes, the manifest says {part.size_bytes}: "
+                "it was truncated or replaced after the cache was sealed"
             )
         if mode == "size" or (mode == "auto" and has_stamp(identity, part.sha256)):
             continue
@@ -85,8 +91,8 @@ def verify_parts(
         # never matches again.
         if sha256_file(path) != part.sha256:
             raise CorruptCacheError(
-                f"cache part {shown} does not match its manifest hash (altered or damaged); "
-                "remove the cache and rebuild it"
+                f"cache part {shown} does not match its manifest hash: it was altered or damaged "
+                "after the cache was sealed"
             )
         write_stamp(identity, part.sha256)
 
@@ -154,9 +160,8 @@ def _stamps_dir(create: bool) -> Optional[Path]:
     stamps = root / STAMPS_DIR
     try:
         if create:
-            root.mkdir(parents=True, exist_ok=True, mode=0o700)
-            stamps.mkdir(exist_ok=True, mode=0o700)
-        st = os.stat(stamps)
+            make_directories(stamps, PRIVATE_DIR_MODE)  # parents 0700 too, as XDG asks
+        st = os.lstat(stamps)  # a link is not private: never followed
     except (OSError, RuntimeError):
         return None
     private = st.st_uid == os.geteuid() and not st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)

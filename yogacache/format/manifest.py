@@ -3,22 +3,28 @@
 from __future__ import annotations
 
 import json
+import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 from yogacache.errors import (
     CacheNotFoundError,
     CorruptCacheError,
     IncompatibleCacheError,
+    InvalidNameError,
     YogaCacheError,
 )
 from yogacache.format.codec import CODEC_NAME
 from yogacache.format.spec import Spec, spec_from_json, spec_to_json
+from yogacache.names import validate_name, validate_version
 
 FORMAT_NAME = "yogacache"
 FORMAT_VERSION = 1
 MANIFEST_NAME = "manifest.json"
+# A manifest of 100,000 parts is about 20 MB: anything larger is not one of ours.
+MAX_MANIFEST_BYTES = 64 << 20
 # The record codecs this version reads. A manifest without a ``codec`` field was written by
 # yogacache 0.1.0, whose records are all msgpack-leaves-v1.
 KNOWN_CODECS = frozenset({CODEC_NAME})
@@ -95,16 +101,20 @@ class Manifest:
 
     @classmethod
     def from_bytes(cls, data: bytes, where: str) -> Manifest:
-        """Parses a manifest; ``where`` names its location in error messages."""
+        """Parses a manifest; ``where`` names its location in error messages.
+
+        Every malformed input (bad JSON, non-finite or oversized numbers, a field of the wrong
+        type, a name that is not one safe path component) raises CorruptCacheError.
+        """
         try:
-            raw = json.loads(data.decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as error:
+            raw = json.loads(data.decode("utf-8"), parse_constant=_refuse_constant, parse_float=_finite_float)
+        except (UnicodeDecodeError, ValueError, RecursionError) as error:  # JSONDecodeError is a ValueError
             raise CorruptCacheError(f"manifest {where} is not valid JSON: {error}") from error
         if not isinstance(raw, dict) or raw.get("format") != FORMAT_NAME:
             raise CorruptCacheError(f"manifest {where} is not a yogacache manifest")
         version = raw.get("format_version")
-        if not isinstance(version, int):
-            raise CorruptCacheError(f"manifest {where} has no format_version")
+        if type(version) is not int or version < 1:
+            raise CorruptCacheError(f"manifest {where} has no valid format_version")
         if version > FORMAT_VERSION:
             raise IncompatibleCacheError(
                 f"cache at {where} was written in format version {version}; this yogacache "
@@ -112,54 +122,57 @@ class Manifest:
             )
         codec = raw.get("codec", LEGACY_CODEC)
         if not isinstance(codec, str):
-            raise CorruptCacheError(f"manifest {where} has a codec that is not a name: {codec!r}")
+            raise CorruptCacheError(f"manifest {where} has a codec that is not a name: {type(codec).__name__}")
         if codec not in KNOWN_CODECS:
             raise IncompatibleCacheError(
-                f"cache at {where} holds records written with codec {codec!r}; this yogacache "
+                f"cache at {where} holds records written with codec {codec!r:.80}; this yogacache "
                 f"reads {', '.join(sorted(KNOWN_CODECS))}: upgrade yogacache to read it"
             )
+        fields = _Fields(raw, where)
+        parts_raw = fields.get("parts", list)
+        parts = tuple(_part_from_json(p, f"{where} (parts[{i}])") for i, p in enumerate(parts_raw))
+        extra = raw.get("extra") or {}
+        if not isinstance(extra, dict):
+            raise CorruptCacheError(f"manifest {where}: field 'extra' must be an object, not {type(extra).__name__}")
         try:
-            parts = tuple(
-                PartInfo(
-                    name=str(p["name"]),
-                    first_record=int(p["first_record"]),
-                    num_records=int(p["num_records"]),
-                    size_bytes=int(p["size_bytes"]),
-                    sha256=str(p["sha256"]),
-                )
-                for p in raw["parts"]
-            )
-            manifest = cls(
-                dataset_id=str(raw["dataset_id"]),
-                dataset_version=str(raw["dataset_version"]),
-                num_records=int(raw["num_records"]),
-                num_bytes=int(raw["num_bytes"]),
-                element_spec=spec_from_json(raw["element_spec"]),
-                parts=parts,
-                created_at=str(raw["created_at"]),
-                build_id=str(raw["build_id"]),
-                writer_version=str(raw["writer_version"]),
-                source=str(raw.get("source", "python")),
-                codec=codec,
-                format_version=version,
-                extra=dict(raw.get("extra") or {}),
-            )
-        except (KeyError, TypeError, ValueError, RecursionError, YogaCacheError) as error:
-            raise CorruptCacheError(f"manifest {where} is missing or has a bad field: {error}") from error
+            element_spec = spec_from_json(raw.get("element_spec"))
+        except _SPEC_ERRORS as error:
+            raise CorruptCacheError(f"manifest {where} has a malformed element_spec: {error}") from error
+        manifest = cls(
+            dataset_id=fields.text("dataset_id"),
+            dataset_version=fields.text("dataset_version"),
+            num_records=fields.count("num_records"),
+            num_bytes=fields.count("num_bytes"),
+            element_spec=element_spec,
+            parts=parts,
+            created_at=fields.text("created_at"),
+            build_id=fields.text("build_id"),
+            writer_version=fields.text("writer_version"),
+            source=fields.text("source", default="python"),
+            codec=codec,
+            format_version=version,
+            extra=extra,
+        )
         manifest.check_consistent(where)
         return manifest
 
     def check_consistent(self, where: str) -> None:
-        """Raises CorruptCacheError unless the parts tile the records exactly."""
+        """Raises CorruptCacheError unless every name that becomes a path is one safe component
+        (ids, build id, part names) and the parts tile the records exactly."""
+        for what, value in (
+            ("dataset_id", self.dataset_id),
+            ("dataset_version", self.dataset_version),
+            ("build_id", self.build_id),
+        ):
+            _check_component(value, what, where)
         expected_first = 0
+        seen: set[str] = set()
         for part in self.parts:
-            if (
-                part.first_record != expected_first
-                or part.num_records < 0
-                or part.size_bytes < 0
-                or "/" in part.name
-                or part.name in ("", ".", "..")
-            ):
+            _check_component(part.name, "part name", where)
+            if part.name == MANIFEST_NAME or part.name in seen:
+                raise CorruptCacheError(f"manifest {where} lists an invalid part {part.name!r}")
+            seen.add(part.name)
+            if part.first_record != expected_first or part.num_records < 0 or part.size_bytes < 0:
                 raise CorruptCacheError(f"manifest {where} lists an invalid part {part.name!r}")
             expected_first += part.num_records
         if expected_first != self.num_records:
@@ -171,7 +184,87 @@ class Manifest:
     def load(cls, directory: Path) -> Manifest:
         path = directory / MANIFEST_NAME
         try:
-            data = path.read_bytes()
+            with open(path, "rb") as handle:
+                data = handle.read(MAX_MANIFEST_BYTES + 1)
         except FileNotFoundError as error:
             raise CacheNotFoundError(f"no cache at {directory} (no {MANIFEST_NAME})") from error
+        except (IsADirectoryError, NotADirectoryError) as error:
+            raise CorruptCacheError(f"manifest {path} is not a file") from error
+        if len(data) > MAX_MANIFEST_BYTES:
+            raise CorruptCacheError(f"manifest {path} is larger than {MAX_MANIFEST_BYTES} bytes")
         return cls.from_bytes(data, str(path))
+
+
+# Counts and sizes beyond a signed 64-bit integer are no real cache's.
+_MAX_COUNT = (1 << 63) - 1
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+# What a malformed element spec can raise while it is parsed.
+_SPEC_ERRORS = (
+    KeyError, IndexError, TypeError, ValueError, ArithmeticError, AttributeError, RecursionError, YogaCacheError
+)
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a number a manifest may hold")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"{text[:40]} is out of range")
+    return value
+
+
+def _check_component(value: str, what: str, where: str) -> None:
+    """CorruptCacheError unless ``value`` is one safe path component (see yogacache.names)."""
+    try:
+        validate_version(value, what) if what == "dataset_version" else validate_name(value, what)
+    except InvalidNameError as error:
+        raise CorruptCacheError(f"manifest {where}: {error}") from None
+
+
+class _Fields:
+    """Typed reads of one JSON object of a manifest: a missing or mistyped field is a CorruptCacheError."""
+
+    def __init__(self, raw: dict[str, Any], where: str) -> None:
+        self.raw = raw
+        self.where = where
+
+    def get(self, key: str, kind: type, default: Any = None) -> Any:
+        value = self.raw.get(key, default)
+        if value is None:
+            raise CorruptCacheError(f"manifest {self.where} is missing the field {key!r}")
+        if not isinstance(value, kind) or isinstance(value, bool):
+            raise CorruptCacheError(
+                f"manifest {self.where}: field {key!r} must be {_KIND_NAMES.get(kind, kind.__name__)}, "
+                f"not {type(value).__name__}"
+            )
+        return value
+
+    def text(self, key: str, default: Optional[str] = None) -> str:
+        return str(self.get(key, str, default))
+
+    def count(self, key: str) -> int:
+        value = int(self.get(key, int))
+        if not 0 <= value <= _MAX_COUNT:
+            raise CorruptCacheError(f"manifest {self.where}: field {key!r} is out of range ({value})")
+        return value
+
+
+_KIND_NAMES = {str: "a string", int: "an integer", list: "a list", dict: "an object"}
+
+
+def _part_from_json(raw: Any, where: str) -> PartInfo:
+    if not isinstance(raw, dict):
+        raise CorruptCacheError(f"manifest {where} is not an object")
+    fields = _Fields(raw, where)
+    sha256 = fields.text("sha256")
+    if not _SHA256.fullmatch(sha256):
+        raise CorruptCacheError(f"manifest {where}: field 'sha256' is not a hex SHA-256")
+    return PartInfo(
+        name=fields.text("name"),
+        first_record=fields.count("first_record"),
+        num_records=fields.count("num_records"),
+        size_bytes=fields.count("size_bytes"),
+        sha256=sha256,
+    )

@@ -10,12 +10,13 @@ import builtins
 import logging
 import os
 import shutil
+import time
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional
 
-from yogacache.errors import CacheNotFoundError, ConfigError, YogaCacheError
-from yogacache.format.durability import leftovers_of
-from yogacache.format.integrity import Verify, verify_parts
+from yogacache.errors import CacheNotFoundError, ConfigError, CorruptCacheError, YogaCacheError
+from yogacache.format.durability import TRASH_MARK, leftovers_of
+from yogacache.format.integrity import Verify
 from yogacache.format.manifest import MANIFEST_NAME, Manifest
 from yogacache.format.sources import RecordSource, source_for
 from yogacache.format.writer import DEFAULT_PART_SIZE, BuildLimits, CacheWriter
@@ -25,8 +26,15 @@ from yogacache.names import validate_name, validate_version
 from yogacache.progress import Progress
 from yogacache.read.reader import CacheReader
 from yogacache.store.base import CacheEntry
+from yogacache.store.localroot import LocalRoot, check_root
 
 log = logging.getLogger(__name__)
+
+# How many times ``open`` starts again when a rebuild replaced the cache while it was opening it.
+OPEN_ATTEMPTS = 10
+# Holding a directory open (O_PATH where there is one: it needs no read permission) keeps its
+# inode from being reused while ``open`` compares it with what the cache's path names.
+_HOLD_FLAGS = getattr(os, "O_PATH", os.O_RDONLY) | os.O_DIRECTORY | os.O_CLOEXEC
 
 
 def default_cache_root() -> Path:
@@ -50,8 +58,13 @@ class CacheStore:
         limits: BuildLimits = BuildLimits(),
         part_size_bytes: int = DEFAULT_PART_SIZE,
         show_progress: bool = True,
+        private_root: bool = False,
     ) -> None:
+        """``private_root``: the root is this user's alone (a node-local root in a directory
+        every user may write to, see ``store.localroot``): it is used only while it is a
+        directory this user owns, and created 0700."""
         self.root = Path(root).expanduser().absolute()
+        self.private_root = private_root
         self.verify_mode = verify
         self.limits = limits
         self.part_size_bytes = part_size_bytes
@@ -73,28 +86,90 @@ class CacheStore:
         directory = self.cache_dir(dataset_id, dataset_version)
         return directory.parent / f".{directory.name}.lock"
 
+    def lock(self, dataset_id: str, dataset_version: str) -> FileLock:
+        """The cache's build lock, its root checked and created first. Everything that writes
+        under the root holds it; releasing it removes the lock file, and the id's directory
+        when no version is left in it."""
+        self.check_root(create=True)
+        return FileLock(self.lock_path(dataset_id, dataset_version), prune_parent=True)
+
+    def check_root(self, *, create: bool = False) -> bool:
+        """Whether the root exists, creating it first if ``create``; ConfigError when it is
+        unsafe to use (see ``store.localroot.check_root``). A shared root is checked only
+        before writing: reading another user's caches is what it is for."""
+        if create or self.private_root:
+            return check_root(LocalRoot(self.root, self.private_root), create=create)
+        return self.root.is_dir()
+
     # -- reading --------------------------------------------------------------------------
     def manifest(self, dataset_id: str, dataset_version: str) -> Manifest:
-        return Manifest.load(self.cache_dir(dataset_id, dataset_version))
+        directory = self.cache_dir(dataset_id, dataset_version)
+        self.check_root()
+        return Manifest.load(directory)
 
     def exists(self, dataset_id: str, dataset_version: str) -> bool:
-        return (self.cache_dir(dataset_id, dataset_version) / MANIFEST_NAME).is_file()
+        directory = self.cache_dir(dataset_id, dataset_version)
+        return self.check_root() and (directory / MANIFEST_NAME).is_file()
 
     def open(self, dataset_id: str, dataset_version: str) -> CacheReader:
-        """Opens the sealed cache; CacheNotFoundError when there is none."""
+        """Opens the sealed cache; CacheNotFoundError when there is none.
+
+        The manifest and the parts are of one build even while rebuilds replace the cache:
+        the cache directory is held open from before the manifest is read until every part
+        is open, and when the directory at the cache's path is no longer the one held (a
+        rebuild swapped it in between), opening starts again.
+        """
+        return self._open(dataset_id, dataset_version, self.verify_mode)
+
+    def _open(self, dataset_id: str, dataset_version: str, verify: Verify) -> CacheReader:
         directory = self.cache_dir(dataset_id, dataset_version)
+        self.check_root()
+        for attempt in range(OPEN_ATTEMPTS):
+            reader = self._open_one_build(dataset_id, dataset_version, directory, verify, attempt + 1 == OPEN_ATTEMPTS)
+            if reader is not None:
+                return reader
+            time.sleep(0.005 * attempt)  # let a swap in progress finish
+        raise YogaCacheError(
+            f"the cache at {directory} was replaced {OPEN_ATTEMPTS} times while it was being opened "
+            "(it is being rebuilt again and again); try again when its builds are done"
+        )
+
+    def _open_one_build(
+        self, dataset_id: str, dataset_version: str, directory: Path, verify: Verify, last: bool
+    ) -> Optional[CacheReader]:
+        """A reader, or None when a rebuild replaced the directory while it was being opened
+        (or, on a filesystem without an atomic exchange, is between its two renames)."""
         try:
-            manifest = Manifest.load(directory)
+            held = os.open(directory, _HOLD_FLAGS)
+        except (FileNotFoundError, NotADirectoryError):
+            if not last and _being_replaced(directory):
+                return None
+            raise CacheNotFoundError(
+                f"no cache for dataset {dataset_id!r} version {dataset_version!r} under {self.root}"
+            ) from None
+        try:
+            try:
+                manifest = Manifest.load(directory)
+                reader = CacheReader(directory, manifest, verify=verify)
+            except (CacheNotFoundError, CorruptCacheError):
+                if _same_directory(held, directory):
+                    raise  # really absent or damaged, not replaced under us
+                return None
+            if _same_directory(held, directory):
+                return reader
+            reader.close()
+            return None
         except CacheNotFoundError:
             raise CacheNotFoundError(
                 f"no cache for dataset {dataset_id!r} version {dataset_version!r} under {self.root}"
             ) from None
-        return CacheReader(directory, manifest, verify=self.verify_mode)
+        finally:
+            os.close(held)
 
     # -- building -------------------------------------------------------------------------
     def build(self, dataset_id: str, dataset_version: str, data: Any) -> Manifest:
         """Builds a cache from ``data`` and publishes it, replacing any existing one."""
-        with FileLock(self.lock_path(dataset_id, dataset_version)):
+        with self.lock(dataset_id, dataset_version):
             return self.build_locked(dataset_id, dataset_version, source_for(data))
 
     def get_or_build(
@@ -110,7 +185,7 @@ class CacheStore:
             return self.open(dataset_id, dataset_version)
         except CacheNotFoundError:
             pass
-        with FileLock(self.lock_path(dataset_id, dataset_version)):
+        with self.lock(dataset_id, dataset_version):
             if not self.exists(dataset_id, dataset_version):
                 self.build_locked(dataset_id, dataset_version, source_for(make_data()))
         return self.open(dataset_id, dataset_version)
@@ -160,23 +235,20 @@ class CacheStore:
         return sorted(self._scan(), key=lambda e: (e.dataset_id, e.dataset_version))
 
     def _scan(self) -> Iterator[CacheEntry]:
-        if not self.root.is_dir():
+        """Every ``<id>/<version>/`` holding a manifest; one that cannot be read is an entry
+        with its ``error`` set, never the end of the listing."""
+        if not self.check_root():
             return
-        for id_dir in self.root.iterdir():
-            if id_dir.name.startswith(".") or id_dir.is_symlink() or not id_dir.is_dir():
-                continue
-            for version_dir in id_dir.iterdir():
-                if version_dir.name.startswith(".") or version_dir.is_symlink():
-                    continue
-                if not (version_dir / MANIFEST_NAME).is_file():
+        for id_dir in _subdirectories(self.root):
+            for version_dir in _subdirectories(id_dir):
+                if not os.path.lexists(version_dir / MANIFEST_NAME):
                     continue
                 try:
                     manifest: Optional[Manifest] = Manifest.load(version_dir)
                     error = None
-                except YogaCacheError as exc:
+                except (YogaCacheError, OSError) as exc:
                     manifest, error = None, str(exc)
                 yield CacheEntry(id_dir.name, version_dir.name, version_dir, manifest, error=error)
-
 
     def pull(self, dataset_id: str, dataset_version: str) -> CacheReader:
         raise ConfigError("pull needs a remote storage (s3://, gs:// or an s3/gcs config file)")
@@ -185,12 +257,13 @@ class CacheStore:
         raise ConfigError("push needs a remote storage (s3://, gs:// or an s3/gcs config file)")
 
     def verify(self, dataset_id: str, dataset_version: str) -> Manifest:
-        """Re-hashes every part of the cache; raises CorruptCacheError on any mismatch."""
-        directory = self.cache_dir(dataset_id, dataset_version)
-        manifest = Manifest.load(directory)
-        verify_parts(directory, manifest, "full")
-        CacheReader(directory, manifest, verify="size")._environments()
-        return manifest
+        """Re-hashes every part of the cache and opens it in LMDB; CorruptCacheError on any mismatch."""
+        reader = self._open(dataset_id, dataset_version, "full")
+        try:
+            reader._environments()
+            return reader.manifest
+        finally:
+            reader.close()
 
     verify_cache = verify  # the name before the Store protocol
 
@@ -203,28 +276,62 @@ class CacheStore:
         return [str(self.remove_directory(dataset_id, dataset_version))] if local else []
 
     def remove_directory(self, dataset_id: str, dataset_version: str) -> Path:
-        """Deletes exactly one cache directory; refuses symlinks and anything outside the root."""
+        """Deletes exactly one cache directory; refuses symlinks and anything outside the root.
+
+        A cache whose manifest is empty or corrupt is removed like any other (it is the one a
+        user most wants gone). What crashed builds of it left goes too, and so do the lock
+        file and the id's directory when no other version is left in it.
+        """
+        directory = self.cache_dir(dataset_id, dataset_version)
+        self.check_root()
+        self._check_removable(dataset_id, dataset_version)
+        with self.lock(dataset_id, dataset_version):
+            self._check_removable(dataset_id, dataset_version)  # another rm may have come first
+            # Unpublish first (the manifest makes a cache exist), then delete the rest.
+            trash = directory.parent / f".{directory.name}{TRASH_MARK}rm-{os.getpid()}"
+            os.rename(directory, trash)
+            shutil.rmtree(trash)
+            self.clean_leftovers(dataset_id, dataset_version)
+        return directory
+
+    def _check_removable(self, dataset_id: str, dataset_version: str) -> None:
         directory = self.cache_dir(dataset_id, dataset_version)
         for path in (directory.parent, directory):
             if path.is_symlink():
                 raise YogaCacheError(f"refusing to remove {path}: it is a symbolic link")
-        if not directory.is_dir() or not (directory / MANIFEST_NAME).is_file():
+        if not directory.is_dir() or not os.path.lexists(directory / MANIFEST_NAME):
             raise CacheNotFoundError(
                 f"no cache for dataset {dataset_id!r} version {dataset_version!r} under {self.root}"
             )
-        real_root = self.root.resolve()
-        real = directory.resolve()
-        if real.parent.parent != real_root:
+        if directory.resolve().parent.parent != self.root.resolve():
             raise YogaCacheError(f"refusing to remove {directory}: it is outside {self.root}")
-        with FileLock(self.lock_path(dataset_id, dataset_version)):
-            # Unpublish first (the manifest makes a cache exist), then delete the rest.
-            trash = directory.parent / f".{directory.name}.trash-rm-{os.getpid()}"
-            os.rename(directory, trash)
-            shutil.rmtree(trash)
-        try:
-            directory.parent.rmdir()  # only succeeds when no other version is left
-        except OSError:
-            pass
-        return directory
 
 
+def _subdirectories(directory: Path) -> Iterator[Path]:
+    """The visible subdirectories of ``directory`` (no hidden names, no links), sorted; nothing
+    when it cannot be listed."""
+    try:
+        entries = sorted(os.scandir(directory), key=lambda entry: entry.name)
+    except OSError as error:
+        log.warning("cannot list %s: %s", directory, error)
+        return
+    for entry in entries:
+        if not entry.name.startswith(".") and entry.is_dir(follow_symlinks=False):
+            yield Path(entry.path)
+
+
+def _being_replaced(directory: Path) -> bool:
+    """Whether the old copy of ``directory`` sits aside as trash: a replacement that could not
+    swap atomically (see ``durability.replace_directory``) is between its two renames, or an
+    earlier one crashed there."""
+    return any(path.name.startswith(f".{directory.name}{TRASH_MARK}") for path in leftovers_of(directory))
+
+
+def _same_directory(held: int, path: Path) -> bool:
+    """Whether ``path`` still names the directory open as ``held``."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return False
+    opened = os.fstat(held)
+    return (st.st_dev, st.st_ino) == (opened.st_dev, opened.st_ino)

@@ -3,7 +3,8 @@
 Remote layout: ``<prefix>/<id>/<version>/manifest.json`` plus the part objects
 ``<id>/<version>/<build id>-part-NNNNN.mdb`` (named by build, so a zombie builder can never
 overwrite the parts a published manifest points to). Local copies live under
-``<local root>/yogadl_local_cache/<id>/<version>/``.
+``<local root>/yogadl_local_cache/<id>/<version>/`` (``yogadl_local_cache-<uid>`` under a directory
+every user may write to, such as ``/tmp``: see ``store.localroot``).
 
 - Publish: upload the parts, then create the manifest conditionally: exactly one builder wins.
 - Sync: compare the local manifest's (created_at, build_id) with the remote one's. Equal: use
@@ -31,16 +32,16 @@ from yogacache.format.integrity import Verify, sha256_file, stamp_verified
 from yogacache.format.manifest import MANIFEST_NAME, Manifest, PartInfo
 from yogacache.format.sources import source_for
 from yogacache.format.writer import BuildLimits
-from yogacache.locks import FileLock
 from yogacache.progress import TransferProgress
 from yogacache.read.reader import CacheReader
 from yogacache.store.base import CacheEntry
 from yogacache.store.lease import Lease
 from yogacache.store.local import CacheStore
+from yogacache.store.localroot import LOCAL_CACHE_DIR as LOCAL_CACHE_DIR  # re-exported: the documented name
+from yogacache.store.localroot import local_copies_root
 
 log = logging.getLogger(__name__)
 
-LOCAL_CACHE_DIR = "yogadl_local_cache"
 LEASE_NAME = "build-lease.json"
 REMOTE_PART_SIZE = 256 << 20  # smaller parts let downloads, uploads and hashing overlap
 
@@ -67,8 +68,10 @@ class RemoteCacheStore:
         show_progress: bool = True,
     ) -> None:
         self.objects = objects
+        root = local_copies_root(local_root)  # per user under a shared /tmp: see store.localroot
         self.local = CacheStore(
-            Path(local_root) / LOCAL_CACHE_DIR,
+            root.path,
+            private_root=root.private,
             verify=verify,
             limits=limits,
             part_size_bytes=part_size_bytes,
@@ -149,7 +152,7 @@ class RemoteCacheStore:
     def sync(self, dataset_id: str, dataset_version: str, remote: Manifest) -> CacheReader:
         local = self.local_manifest(dataset_id, dataset_version)
         if local is None or local.freshness != remote.freshness:
-            with FileLock(self.local.lock_path(dataset_id, dataset_version)):
+            with self.local.lock(dataset_id, dataset_version):
                 self._sync_locked(dataset_id, dataset_version, remote)
         return self.local.open(dataset_id, dataset_version)
 
@@ -222,7 +225,7 @@ class RemoteCacheStore:
         remote = self.remote_manifest(dataset_id, dataset_version)
         if remote is not None:
             return self.sync(dataset_id, dataset_version, remote)
-        with FileLock(self.local.lock_path(dataset_id, dataset_version)):
+        with self.local.lock(dataset_id, dataset_version):
             self._build_or_wait_locked(dataset_id, dataset_version, make_data)
         return self.local.open(dataset_id, dataset_version)
 
@@ -300,7 +303,7 @@ class RemoteCacheStore:
 
     def build(self, dataset_id: str, dataset_version: str, data: Any) -> Manifest:
         """Builds a cache from ``data`` and publishes it; refuses to replace a published one."""
-        with FileLock(self.local.lock_path(dataset_id, dataset_version)):
+        with self.local.lock(dataset_id, dataset_version):
             if self.remote_manifest(dataset_id, dataset_version) is not None:
                 raise YogaCacheError(
                     f"{self.objects.url(self.key(dataset_id, dataset_version))} is already "
@@ -315,7 +318,7 @@ class RemoteCacheStore:
 
     def push(self, dataset_id: str, dataset_version: str) -> Manifest:
         """Publishes the local copy of a cache."""
-        with FileLock(self.local.lock_path(dataset_id, dataset_version)):
+        with self.local.lock(dataset_id, dataset_version):
             manifest = self.local.manifest(dataset_id, dataset_version)
             remote = self.remote_manifest(dataset_id, dataset_version)
             if remote is not None:
