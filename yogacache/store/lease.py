@@ -127,7 +127,7 @@ class Lease:
             return False, None  # someone else took it over first
         if not current.released:
             log.warning(
-                "took over the build lease of %s (%s): not renewed for %.0f s",
+                "took over the stale build lease of %s (%s): not renewed for %.0f s",
                 current.owner,
                 self.objects.url(self.key),
                 current.duration if current.duration is not None else self.duration,

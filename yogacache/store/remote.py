@@ -63,6 +63,7 @@ ORIGIN_NAME = "origin.json"  # in a local copy: which remote it was fetched from
 REMOTE_PART_SIZE = 256 << 20  # smaller parts let downloads, uploads and hashing overlap
 CANCEL_GRACE_SECONDS = 2.0  # how long a cancelled batch waits for its running transfers to stop
 _REPLACED_RETRIES = 3
+_POLL_SECONDS = 0.1
 
 
 class BuildWaitTimeoutError(YogaCacheError, TimeoutError):
@@ -406,22 +407,30 @@ class RemoteCacheStore:
         def run(part: PartInfo) -> None:
             if cancel.is_set():
                 raise TransferCancelled("transfer cancelled")
-            work(part, on_bytes)
+            try:
+                work(part, on_bytes)
+            except BaseException:
+                cancel.set()  # before this thread takes the next queued part
+                raise
 
         pool = ThreadPoolExecutor(
             max_workers=min(self.transfer_threads, len(parts)), thread_name_prefix="yogacache-transfer"
         )
         futures = [pool.submit(run, part) for part in parts]
         try:
-            done, _ = wait(futures, return_when=FIRST_EXCEPTION)
-            failures = [f.exception() for f in futures if f in done and f.exception() is not None]
-            if failures:
-                first = next((e for e in failures if not isinstance(e, TransferCancelled)), failures[0])
-                raise first  # type: ignore[misc]
+            pending = set(futures)
+            while pending:
+                # Short waits: a signal the kernel hands to a transfer thread still reaches
+                # the main thread's handler (Ctrl-C) within a fraction of a second.
+                done, pending = wait(pending, timeout=_POLL_SECONDS, return_when=FIRST_EXCEPTION)
+                failures = [error for error in (f.exception() for f in done) if error is not None]
+                if failures:
+                    raise next((e for e in failures if not isinstance(e, TransferCancelled)), failures[0])
         except BaseException:
             cancel.set()
             pool.shutdown(wait=False, cancel_futures=True)
-            wait(futures, timeout=CANCEL_GRACE_SECONDS)
+            # Cancelled futures never count as done: wait for the ones that were running.
+            wait([f for f in futures if not f.cancelled()], timeout=CANCEL_GRACE_SECONDS)
             raise
         pool.shutdown(wait=True)
 
