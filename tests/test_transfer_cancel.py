@@ -87,7 +87,9 @@ def records(n: int = 400) -> list[dict[str, Any]]:
 
 def publish(bucket: Path, tmp_path: Path) -> Any:
     """Publishes a cache of many parts into ``bucket``; returns its manifest."""
-    store = RemoteCacheStore(FileObjectStore(bucket), tmp_path / "builder", part_size_bytes=PART_SIZE, show_progress=False)
+    store = RemoteCacheStore(
+        FileObjectStore(bucket), tmp_path / "builder", part_size_bytes=PART_SIZE, show_progress=False
+    )
     manifest = store.build(DS, VER, records())
     assert len(manifest.parts) >= 10
     return manifest
