@@ -276,10 +276,11 @@ class RemoteCacheStore:
 
     def _sync_locked(self, dataset_id: str, dataset_version: str, remote: Manifest) -> None:
         for _ in range(_REPLACED_RETRIES):
-            if self._damaged_parts(dataset_id, dataset_version, remote) == []:
+            damaged = self._damaged_parts(dataset_id, dataset_version, remote)
+            if damaged == []:
                 return  # current (another process of this node may have just fetched it)
             try:
-                self.download_locked(remote)
+                self.download_locked(remote, damaged=frozenset(part.name for part in damaged or ()))
                 return
             except _BuildReplaced as replaced:
                 log.info(
@@ -292,11 +293,12 @@ class RemoteCacheStore:
             "while downloading it; try again later"
         )
 
-    def download_locked(self, remote: Manifest) -> None:
+    def download_locked(self, remote: Manifest, damaged: frozenset[str] = frozenset()) -> None:
         """Fetches the published build ``remote`` into a temporary sibling and swaps it in.
 
         Parts of the existing copy that are this user's files and already hold the published
-        bytes (a heal of a damaged copy) are linked instead of downloaded. Every downloaded part
+        bytes (a heal of a damaged copy) are linked instead of downloaded; ``damaged`` names
+        parts already found not to. Every downloaded part
         is checked against the published size and SHA-256. On the first failure, or Ctrl-C, the
         other transfers are cancelled and the temporary directory is removed.
         """
@@ -304,7 +306,7 @@ class RemoteCacheStore:
         target = self.local.cache_dir(dataset_id, dataset_version)
         self.local.clean_leftovers(dataset_id, dataset_version)
         previous_origin = read_origin(target)
-        reusable = self._reusable_parts(target, remote)
+        reusable = self._reusable_parts(target, remote, damaged)
         missing = tuple(part for part in remote.parts if part.name not in reusable)
         need = sum(part.size_bytes for part in missing)
         target.parent.mkdir(parents=True, exist_ok=True, mode=0o755)
@@ -362,7 +364,7 @@ class RemoteCacheStore:
             raise
         progress.finish()
 
-    def _reusable_parts(self, target: Path, remote: Manifest) -> dict[str, Path]:
+    def _reusable_parts(self, target: Path, remote: Manifest, damaged: frozenset[str]) -> dict[str, Path]:
         """Parts of the existing copy of the same build that are this user's regular files and
         verifiably hold the published bytes."""
         local = self.local_manifest(remote.dataset_id, remote.dataset_version)
@@ -372,7 +374,7 @@ class RemoteCacheStore:
         found = {}
         for part in remote.parts:
             path = target / part.name
-            if listed.get(part.name) != part:
+            if part.name in damaged or listed.get(part.name) != part:
                 continue
             try:
                 st = os.lstat(path)
