@@ -250,7 +250,9 @@ class RemoteCacheStore:
                 self._sync_locked(dataset_id, dataset_version, remote)
         return self.local.open(dataset_id, dataset_version)
 
-    def _damaged_parts(self, dataset_id: str, dataset_version: str, remote: Manifest) -> Optional[list[PartInfo]]:
+    def _damaged_parts(
+        self, dataset_id: str, dataset_version: str, remote: Manifest, *, report: bool = False
+    ) -> Optional[list[PartInfo]]:
         """None when the local copy is not of the published build; else its parts whose bytes
         do not match the *published* manifest (an empty list: the copy is current).
 
@@ -263,7 +265,7 @@ class RemoteCacheStore:
             return None
         directory = self.local.cache_dir(dataset_id, dataset_version)
         damaged = [part for part in remote.parts if not _part_matches(directory / part.name, part)]
-        for part in damaged:
+        for part in damaged if report else ():
             log.warning(
                 "part %s of the local copy of %s:%s does not match the published manifest "
                 "(damaged or replaced); fetching it again from %s",
@@ -276,7 +278,7 @@ class RemoteCacheStore:
 
     def _sync_locked(self, dataset_id: str, dataset_version: str, remote: Manifest) -> None:
         for _ in range(_REPLACED_RETRIES):
-            damaged = self._damaged_parts(dataset_id, dataset_version, remote)
+            damaged = self._damaged_parts(dataset_id, dataset_version, remote, report=True)
             if damaged == []:
                 return  # current (another process of this node may have just fetched it)
             try:
