@@ -470,12 +470,17 @@ def test_exactly_one_contender_takes_over_a_stale_lease(
         cloud = Cloud(kind, request.getfixturevalue(f"{kind}_server"))
         store = cloud.store(cloud.new_bucket(), "caches")
     key = "ds/v1/build-lease.json"
-    store.write(key, json.dumps({"owner": "dead:1", "build_id": "old", "expires_at": time.time() - 30}).encode())
+    # A dead holder's lease (it promised renewals within 0.5 s); its wall-clock expiry is not
+    # trusted: each contender first watches the lease stay unchanged for that long itself.
+    dead = {"owner": "dead:1", "build_id": "old", "expires_at": time.time() - 30, "duration": 0.5}
+    store.write(key, json.dumps(dead).encode())
     leases = [Lease(store, key, f"build-{i}", duration=60) for i in range(5)]
     results: list[bool] = [False] * 5
     barrier = threading.Barrier(5)
 
     def contend(i: int) -> None:
+        assert leases[i].try_acquire()[0] is False  # first sight: not known to be stale yet
+        time.sleep(0.6)
         barrier.wait()
         results[i] = leases[i].try_acquire()[0]
 

@@ -36,7 +36,7 @@ from tests.cloud_helpers import (
     unique,
 )
 from yogacache.backends.base import RemoteError
-from yogacache.errors import CorruptCacheError, YogaCacheError
+from yogacache.errors import CorruptCacheError
 from yogacache.format.manifest import MANIFEST_NAME, Manifest
 from yogacache.format.sources import source_for
 from yogacache.store.lease import Lease
@@ -547,12 +547,11 @@ def test_yogadl_facade_submit_fetch_cacheable(site: Site) -> None:
     storage_a.submit(dataset(), "ds", "v1")
     assert site.full_key(f"ds/v1/{MANIFEST_NAME}") in site.keys()
     assert (site.tmp_path / "node-a" / LOCAL_CACHE_DIR / "ds" / "v1" / MANIFEST_NAME).is_file()
-    with pytest.raises(YogaCacheError):
-        storage_a.submit(dataset(300, 1), "ds", "v1")  # refuses to replace a published cache
+    storage_a.submit(dataset(300, 1), "ds", "v1")  # replaces the published cache, as YogaDL documents
 
     storage_b = _facade(site, site.tmp_path / "node-b")
     ref = storage_b.fetch("ds", "v1")
-    assert [element_key(e) for e in ref.stream()] == expected_keys()
+    assert [element_key(e) for e in ref.stream()] == expected_keys(300, 1)
     assert (site.tmp_path / "node-b" / LOCAL_CACHE_DIR / "ds" / "v1" / MANIFEST_NAME).is_file()
 
     calls = []

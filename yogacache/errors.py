@@ -41,3 +41,7 @@ class BuildError(YogaCacheError):
 
 class ConfigError(YogaCacheError, ValueError):
     """A storage configuration is invalid."""
+
+
+class NoSpaceError(YogaCacheError):
+    """This node's disk has no room for a download (a local fault, never retried as a remote one)."""

@@ -8,6 +8,7 @@ raised as RemoteError naming the object, never read as "absent".
 
 from __future__ import annotations
 
+import errno
 import logging
 import random
 import time
@@ -23,9 +24,25 @@ T = TypeVar("T")
 
 ProgressCallback = Callable[[int], None]  # called with bytes transferred since the last call
 
+# Parallel part transfers of one pull or push; each may use several connections (ranged or
+# multipart), so connection pools are sized from this.
+DEFAULT_TRANSFER_THREADS = 4
+
+# Local errors no retry can cure: the disk is full, or a quota is exhausted.
+_DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
+
 
 class RemoteError(YogaCacheError):
     """A request to the object store failed (after retries); the cache was left untouched."""
+
+
+class TransferCancelled(YogaCacheError):
+    """A transfer was stopped because its batch failed or was interrupted; never retried."""
+
+
+def is_disk_full(error: BaseException) -> bool:
+    """Whether ``error`` is a local "no space left" (a fault of this node, not of the remote)."""
+    return isinstance(error, OSError) and error.errno in _DISK_FULL
 
 
 @dataclass(frozen=True)
@@ -44,21 +61,32 @@ class RetryPolicy:
     base_delay: float = 0.2
     max_delay: float = 5.0
 
-    def run(self, what: str, call: Callable[[], T], is_transient: Callable[[BaseException], bool]) -> T:
-        """Runs ``call``; retries failures ``is_transient`` accepts, then raises RemoteError."""
+    def run(
+        self,
+        what: str,
+        call: Callable[[], T],
+        is_transient: Callable[[BaseException], bool],
+        describe: Callable[[BaseException], str] = lambda error: describe_error(error),
+    ) -> T:
+        """Runs ``call``; retries failures ``is_transient`` accepts, then raises RemoteError.
+
+        ``describe`` says what went wrong without secrets (the backend may name its endpoint).
+        """
         for attempt in range(1, self.attempts + 1):
             try:
                 return call()
-            except (RemoteError, FileNotFoundError):
-                raise  # answers, not failures
+            except (RemoteError, FileNotFoundError, TransferCancelled):
+                raise  # answers, or a stop asked for: not failures
             except Exception as error:  # the backend's own exception types
+                if is_disk_full(error):
+                    raise  # this node's disk, not the remote: retrying cannot help
                 if not is_transient(error) or attempt == self.attempts:
                     raise RemoteError(
-                        f"{what} failed after {attempt} attempt(s): {describe_error(error)}"
+                        f"{what} failed after {attempt} attempt(s): {describe(error)}"
                     ) from None
                 delay = min(self.max_delay, self.base_delay * 2 ** (attempt - 1))
                 delay *= 0.5 + random.random()
-                log.warning("%s failed (%s); retrying in %.1f s", what, describe_error(error), delay)
+                log.warning("%s failed (%s); retrying in %.1f s", what, describe(error), delay)
                 time.sleep(delay)
         raise AssertionError("unreachable")  # pragma: no cover
 

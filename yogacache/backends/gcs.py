@@ -7,23 +7,41 @@ an emulator. Generations are the version tokens (``ifGenerationMatch``).
 from __future__ import annotations
 
 import io
+import os
 from pathlib import Path
 from typing import Any, Optional
 
-from yogacache.backends.base import ObjectInfo, ProgressCallback, RemoteError, RetryPolicy, join_key, split_bucket_url
+from yogacache.backends.base import (
+    DEFAULT_TRANSFER_THREADS,
+    ObjectInfo,
+    ProgressCallback,
+    RemoteError,
+    RetryPolicy,
+    describe_error,
+    join_key,
+    split_bucket_url,
+)
+from yogacache.errors import ConfigError
 
 try:
+    import google.auth.exceptions as gauth
+    import requests.adapters
     from google.api_core import exceptions as gexc
     from google.cloud import storage as gcs
-except ImportError as error:  # pragma: no cover - exercised only without the library
-    raise ImportError("GCS storage needs google-cloud-storage: pip install 'yogacache[gcs]'") from error
+except ImportError:  # pragma: no cover - exercised only without the library
+    raise ImportError("GCS storage needs google-cloud-storage: pip install 'yogacache[gcs]'") from None
 
 _CHUNK = 32 << 20
+_CREDENTIALS_HINT = (
+    "set GOOGLE_APPLICATION_CREDENTIALS to a service-account key file, run "
+    "'gcloud auth application-default login', or set STORAGE_EMULATOR_HOST for an emulator"
+)
 
 
 def _is_transient(error: BaseException) -> bool:
     # A PreconditionFailed here is a generation that changed under a read: read again.
-    return not isinstance(error, gexc.NotFound)
+    # Credentials that cannot be found or refreshed stay so: no retry.
+    return not isinstance(error, (gexc.NotFound, gauth.DefaultCredentialsError, gauth.RefreshError))
 
 
 def _bucket_missing(error: BaseException) -> bool:
@@ -80,12 +98,24 @@ class GCSObjectStore:
         client: Any = None,
         retry: RetryPolicy = RetryPolicy(),
         timeout: float = 60.0,
+        transfer_threads: int = DEFAULT_TRANSFER_THREADS,
     ) -> None:
         self.bucket_name = bucket
         self.prefix = prefix.strip("/")
         self.retry = retry
         self.timeout = timeout
-        self._client = client or gcs.Client()
+        self.endpoint = os.environ.get("STORAGE_EMULATOR_HOST") or "https://storage.googleapis.com"
+        try:
+            self._client = client or gcs.Client()
+        except gauth.DefaultCredentialsError:
+            raise ConfigError(f"GCS at {self.endpoint}: no credentials; {_CREDENTIALS_HINT}") from None
+        # One connection per transfer thread and one for small requests beside them: the
+        # default pool of 10 would discard connections under more threads.
+        pool = requests.adapters.HTTPAdapter(pool_maxsize=max(10, 2 * transfer_threads))
+        http = getattr(self._client, "_http", None)
+        if http is not None and hasattr(http, "mount"):
+            http.mount("https://", pool)
+            http.mount("http://", pool)
         self._bucket = self._client.bucket(bucket)
 
     @classmethod
@@ -105,7 +135,16 @@ class GCSObjectStore:
         return self._bucket.blob(join_key(self.prefix, key), chunk_size=_CHUNK if chunked else None)
 
     def _run(self, what: str, key: str, call: Any) -> Any:
-        return self.retry.run(f"{what} {self.url(key)}", call, _is_transient)
+        return self.retry.run(f"{what} {self.url(key)}", call, _is_transient, self._describe)
+
+    def _describe(self, error: BaseException) -> str:
+        """What went wrong, naming the endpoint and what to set where that is the cure (no secrets)."""
+        where = f"GCS at {self.endpoint}"
+        if isinstance(error, (gauth.DefaultCredentialsError, gauth.RefreshError)):
+            return f"{where}: no usable credentials ({type(error).__name__}); {_CREDENTIALS_HINT}"
+        if isinstance(error, gexc.Forbidden) or getattr(error, "code", None) == 401:
+            return f"{where} refused the credentials ({describe_error(error)}); {_CREDENTIALS_HINT}"
+        return f"{describe_error(error)} from {where}"
 
     def read(self, key: str) -> Optional[tuple[bytes, str]]:
         def call() -> Optional[tuple[bytes, str]]:

@@ -45,7 +45,8 @@ def backend_class(scheme: str) -> type:
         module = importlib.import_module(module_name)
     except ImportError as error:
         hint = f": {entry.install_hint}" if entry.install_hint else ""
-        raise ImportError(f"{scheme}:// storage needs a library that is not installed{hint}") from error
+        missing = f" ({error.name})" if error.name else ""
+        raise ImportError(f"{scheme}:// storage needs a library that is not installed{missing}{hint}") from None
     return getattr(module, class_name)  # type: ignore[no-any-return]
 
 

@@ -6,7 +6,16 @@ import builtins
 from pathlib import Path
 from typing import Any, Optional
 
-from yogacache.backends.base import ObjectInfo, ProgressCallback, RemoteError, RetryPolicy, join_key, split_bucket_url
+from yogacache.backends.base import (
+    DEFAULT_TRANSFER_THREADS,
+    ObjectInfo,
+    ProgressCallback,
+    RemoteError,
+    RetryPolicy,
+    describe_error,
+    join_key,
+    split_bucket_url,
+)
 
 try:
     import boto3
@@ -19,6 +28,11 @@ except ImportError as error:  # pragma: no cover - exercised only without boto3
 _ABSENT = {"404", "NoSuchKey", "NotFound"}
 _PRECONDITION = {"412", "PreconditionFailed", "ConditionalRequestConflict"}
 _MULTIPART = 64 << 20
+# The server refused the credentials themselves: asking again with the same ones cannot help.
+_BAD_CREDENTIALS = {"InvalidAccessKeyId", "SignatureDoesNotMatch", "InvalidToken", "ExpiredToken"}
+_CREDENTIALS_HINT = (
+    "set AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY (or AWS_PROFILE), or access_key/secret_key in the config"
+)
 
 
 def _code(error: BaseException) -> str:
@@ -28,9 +42,12 @@ def _code(error: BaseException) -> str:
 
 
 def _is_transient(error: BaseException) -> bool:
-    # Everything but "absent" and "precondition failed" is worth another try: 403s from
-    # clock skew or credential refresh, 5xx, throttling, timeouts and resets.
-    return _code(error) not in _ABSENT | _PRECONDITION | {"NoSuchBucket", "InvalidBucketName"}
+    # Everything but "absent", "precondition failed" and missing or refused credentials is
+    # worth another try: 403s from clock skew or credential refresh, 5xx, throttling,
+    # timeouts and resets.
+    if isinstance(error, (botocore.exceptions.NoCredentialsError, botocore.exceptions.PartialCredentialsError)):
+        return False
+    return _code(error) not in _ABSENT | _PRECONDITION | _BAD_CREDENTIALS | {"NoSuchBucket", "InvalidBucketName"}
 
 
 class S3ObjectStore:
@@ -46,16 +63,21 @@ class S3ObjectStore:
         secret_key: Optional[str] = None,
         retry: RetryPolicy = RetryPolicy(),
         max_concurrency: int = 8,
+        transfer_threads: int = DEFAULT_TRANSFER_THREADS,
+        multipart_bytes: int = _MULTIPART,
         timeout: float = 60.0,
     ) -> None:
         self.bucket = bucket
         self.prefix = prefix.strip("/")
         self.retry = retry
+        # Every transfer thread may run ``max_concurrency`` ranged or multipart requests at
+        # once, plus one small request of its own: a smaller pool discards connections.
+        pool_size = max(10, transfer_threads * (max_concurrency + 1))
         config = botocore.config.Config(
             retries={"total_max_attempts": 1, "mode": "standard"},  # RetryPolicy retries
             connect_timeout=timeout,
             read_timeout=timeout,
-            max_pool_connections=max(10, max_concurrency * 2),
+            max_pool_connections=pool_size,
         )
         session = boto3.session.Session()
         self._client = session.client(
@@ -65,9 +87,10 @@ class S3ObjectStore:
             aws_secret_access_key=secret_key,
             config=config,
         )
+        self.endpoint = str(self._client.meta.endpoint_url)
         self._transfer = TransferConfig(
-            multipart_threshold=_MULTIPART,
-            multipart_chunksize=_MULTIPART,
+            multipart_threshold=multipart_bytes,
+            multipart_chunksize=multipart_bytes,
             max_concurrency=max_concurrency,
             use_threads=True,
         )
@@ -98,7 +121,20 @@ class S3ObjectStore:
         return join_key(self.prefix, key)
 
     def _run(self, what: str, key: str, call: Any) -> Any:
-        return self.retry.run(f"{what} {self.url(key)}", call, _is_transient)
+        return self.retry.run(f"{what} {self.url(key)}", call, _is_transient, self._describe)
+
+    def _describe(self, error: BaseException) -> str:
+        """What went wrong, naming the endpoint and what to set where that is the cure (no secrets)."""
+        where = f"S3 at {self.endpoint}"
+        if isinstance(error, botocore.exceptions.NoCredentialsError):
+            return f"{where}: no credentials; {_CREDENTIALS_HINT}"
+        if isinstance(error, botocore.exceptions.PartialCredentialsError):
+            return f"{where}: incomplete credentials; {_CREDENTIALS_HINT}"
+        if _code(error) in _BAD_CREDENTIALS:
+            return f"{where} refused the credentials ({_code(error)}); {_CREDENTIALS_HINT}"
+        if isinstance(error, botocore.exceptions.EndpointConnectionError):
+            return f"cannot connect to {where}; check endpoint_url in the config or AWS_ENDPOINT_URL"
+        return f"{describe_error(error)} from {where}"
 
     def read(self, key: str) -> Optional[tuple[bytes, str]]:
         def call() -> Optional[tuple[bytes, str]]:

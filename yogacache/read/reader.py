@@ -34,7 +34,7 @@ import numpy as np
 
 from yogacache.errors import CacheNotFoundError, CacheReplacedError, CorruptCacheError
 from yogacache.format.codec import RecordCodec
-from yogacache.format.integrity import VERIFY_MODES, FileIdentity, Verify, verify_parts
+from yogacache.format.integrity import VERIFY_MODES, Verify, verify_parts
 from yogacache.format.manifest import Manifest, PartInfo
 from yogacache.format.spec import unflatten
 
@@ -83,6 +83,10 @@ if hasattr(os, "register_at_fork"):
 def _reach(fd: int) -> Optional[Path]:
     """A path that opens the file held by ``fd`` itself (None where /proc is missing)."""
     return _PROC_FDS / str(fd) if _PROC_FDS.is_dir() else None
+
+
+# (st_dev, st_ino, st_size, st_mtime_ns, st_ctime_ns) of a part as this reader opened it.
+FileIdentity = tuple[int, int, int, int, int]
 
 
 def _identity(st: os.stat_result) -> FileIdentity:

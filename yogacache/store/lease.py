@@ -1,20 +1,26 @@
 """Build leases: a conditional object in the bucket says which node is building a cache.
 
-A lease is created with a conditional write, so one node holds it; its holder renews it
-before it expires; a lease past its expiry (its builder died) is taken over with a write
-conditional on the stale version, so exactly one node takes it over.
+A lease is created with a conditional write, so one node holds it; its holder rewrites it
+(renews it) every third of its duration, which changes its version token. Expiry is decided
+from what one clock can measure, never by comparing clocks across nodes: a waiter takes a
+lease over once it has itself watched the lease's version token stay the same for the lease's
+duration on its own monotonic clock (the holder stopped renewing: it died). The takeover is a
+write conditional on that stale version, so exactly one node takes it over. A released lease
+says so in its body and is free at once. ``expires_at`` in the body is the holder's wall-clock
+guess, for people reading the object; no decision uses it.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import socket
 import threading
 import time
 from dataclasses import dataclass
-from typing import Optional
+from typing import Callable, Optional
 
 from yogacache.backends.base import ObjectStore
 
@@ -27,6 +33,8 @@ class LeaseState:
     build_id: str
     expires_at: float
     token: str
+    duration: Optional[float] = None  # seconds the holder promised to renew within; None: not said
+    released: bool = False
 
 
 def _owner() -> str:
@@ -34,22 +42,42 @@ def _owner() -> str:
 
 
 class Lease:
-    """A held build lease; renewed in the background until released."""
+    """A build lease, held (renewed in the background until released) or watched while waiting."""
 
-    def __init__(self, objects: ObjectStore, key: str, build_id: str, duration: float) -> None:
+    def __init__(
+        self,
+        objects: ObjectStore,
+        key: str,
+        build_id: str,
+        duration: float,
+        *,
+        wall_clock: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.objects = objects
         self.key = key
         self.build_id = build_id
         self.duration = duration
+        self.wall_clock = wall_clock  # only for the informational expires_at
+        self.monotonic = monotonic
         self.token: Optional[str] = None
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
+        self._renewals = 0
+        self._watched: Optional[tuple[str, float]] = None  # (token, monotonic time first seen)
         self.lost = False
 
     def _payload(self, released: bool = False) -> bytes:
-        expires_at = 0.0 if released else time.time() + self.duration
+        self._renewals += 1  # every write differs, so that content-hash tokens (ETags) change too
         return json.dumps(
-            {"owner": _owner(), "build_id": self.build_id, "expires_at": expires_at}
+            {
+                "owner": _owner(),
+                "build_id": self.build_id,
+                "expires_at": 0.0 if released else self.wall_clock() + self.duration,
+                "duration": self.duration,
+                "released": released,
+                "renewal": self._renewals,
+            }
         ).encode()
 
     @staticmethod
@@ -60,33 +88,58 @@ class Lease:
         data, token = found
         try:
             raw = json.loads(data)
-            return LeaseState(str(raw["owner"]), str(raw["build_id"]), float(raw["expires_at"]), token)
-        except (ValueError, KeyError, TypeError):
-            # An unreadable lease is treated as expired: it can only be taken over conditionally.
+            duration = raw.get("duration")
+            duration = float(duration) if duration is not None else None
+            if duration is not None and not (math.isfinite(duration) and duration > 0):
+                duration = None
+            expires_at = float(raw["expires_at"])
+            released = bool(raw.get("released", expires_at == 0.0))
+            return LeaseState(str(raw["owner"]), str(raw["build_id"]), expires_at, token, duration, released)
+        except (ValueError, KeyError, TypeError, AttributeError, OverflowError):
+            # An unreadable lease is watched like any other: it goes stale unless rewritten.
             return LeaseState("?", "?", 0.0, token)
+
+    def _is_stale(self, current: LeaseState) -> bool:
+        """Whether this waiter has watched ``current``'s version stay unchanged for its duration."""
+        if current.released:
+            return True
+        now = self.monotonic()
+        if self._watched is None or self._watched[0] != current.token:
+            self._watched = (current.token, now)  # renewed (or new): start watching again
+            return False
+        duration = current.duration if current.duration is not None else self.duration
+        return now - self._watched[1] >= duration
 
     def try_acquire(self) -> tuple[bool, Optional[LeaseState]]:
         """(True, previous) when acquired (``previous`` is the stale lease taken over, if any);
-        (False, current holder) otherwise."""
+        (False, current holder) otherwise. Call it again (on the same Lease) to keep watching."""
         token = self.objects.write(self.key, self._payload(), if_absent=True)
         if token is not None:
-            self.token = token
-            self._start_renewing()
+            self._acquired(token)
             return True, None
         current = self.read(self.objects, self.key)
         if current is None:
             return False, None  # released meanwhile: the caller retries
-        if current.expires_at > time.time():
+        if not self._is_stale(current):
             return False, current
         token = self.objects.write(self.key, self._payload(), if_token=current.token)
         if token is None:
             return False, None  # someone else took it over first
-        log.warning("took over the stale build lease of %s (%s)", current.owner, self.objects.url(self.key))
-        self.token = token
-        self._start_renewing()
+        if not current.released:
+            log.warning(
+                "took over the stale build lease of %s (%s): not renewed for %.0f s",
+                current.owner,
+                self.objects.url(self.key),
+                current.duration if current.duration is not None else self.duration,
+            )
+        self._acquired(token)
         return True, current
 
-    def _start_renewing(self) -> None:
+    def _acquired(self, token: str) -> None:
+        self.token = token
+        self.lost = False
+        self._watched = None
+        self._stop = threading.Event()
         self._thread = threading.Thread(target=self._renew_loop, name="yogacache-lease", daemon=True)
         self._thread.start()
 
@@ -109,11 +162,11 @@ class Lease:
             self._thread.join()
             self._thread = None
         if self.token is not None and not self.lost:
-            # Released = expired, written conditionally on our own version: this needs no
+            # Released is written conditionally on our own version: this needs no
             # conditional delete (which not every server enforces) and never clobbers a
             # lease someone else holds.
             try:
                 self.objects.write(self.key, self._payload(released=True), if_token=self.token)
-            except Exception as error:  # an unreleased lease simply expires
+            except Exception as error:  # an unreleased lease simply goes stale
                 log.warning("releasing build lease %s failed: %s", self.objects.url(self.key), error)
         self.token = None

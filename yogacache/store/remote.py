@@ -17,18 +17,35 @@ every user may write to, such as ``/tmp``: see ``store.localroot``).
 from __future__ import annotations
 
 import builtins
+import json
 import logging
+import os
 import shutil
+import stat
+import threading
 import time
 import uuid
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from yogacache.backends.base import ObjectStore
-from yogacache.errors import CacheNotFoundError, CorruptCacheError, YogaCacheError
+from yogacache.backends.base import (
+    DEFAULT_TRANSFER_THREADS,
+    ObjectStore,
+    ProgressCallback,
+    TransferCancelled,
+    is_disk_full,
+)
+from yogacache.errors import (
+    CacheNotFoundError,
+    CorruptCacheError,
+    IncompatibleCacheError,
+    InvalidNameError,
+    NoSpaceError,
+    YogaCacheError,
+)
 from yogacache.format.durability import fsync_path, replace_directory, temp_dir_for, write_file_durably
-from yogacache.format.integrity import Verify, sha256_file, stamp_verified
+from yogacache.format.integrity import Verify, file_identity, has_stamp, sha256_file, stamp_verified, write_stamp
 from yogacache.format.manifest import MANIFEST_NAME, Manifest, PartInfo
 from yogacache.format.sources import source_for
 from yogacache.format.writer import BuildLimits
@@ -43,11 +60,91 @@ from yogacache.store.localroot import local_copies_root
 log = logging.getLogger(__name__)
 
 LEASE_NAME = "build-lease.json"
+ORIGIN_NAME = "origin.json"  # in a local copy: which remote it was fetched from or published to
 REMOTE_PART_SIZE = 256 << 20  # smaller parts let downloads, uploads and hashing overlap
+CANCEL_GRACE_SECONDS = 2.0  # how long a cancelled batch waits for its running transfers to stop
+_REPLACED_RETRIES = 3
+_POLL_SECONDS = 0.1
 
 
 class BuildWaitTimeoutError(YogaCacheError, TimeoutError):
     """Waited too long for another node to publish a cache."""
+
+
+class ConcurrentPublishError(YogaCacheError):
+    """Another process published the same cache while this one built it; this build lost."""
+
+
+class _BuildReplaced(Exception):
+    """The build being downloaded was replaced in the bucket (its parts are gone)."""
+
+    def __init__(self, newer: Manifest) -> None:
+        super().__init__(newer.build_id)
+        self.newer = newer
+
+
+def _part_matches(path: Path, part: PartInfo) -> bool:
+    """Whether the file at ``path`` is a regular file of the part's size and SHA-256 (a stamp of
+    this user vouches for a file hashed before; otherwise it is hashed, and stamped)."""
+    try:
+        if not stat.S_ISREG(os.lstat(path).st_mode):
+            return False
+        identity = file_identity(path)
+    except OSError:
+        return False
+    if identity[2] != part.size_bytes:
+        return False
+    if has_stamp(identity, part.sha256):
+        return True
+    try:
+        matches = sha256_file(path) == part.sha256
+    except OSError:
+        return False
+    if matches:
+        write_stamp(identity, part.sha256)
+    return matches
+
+
+def _free_bytes(directory: Path) -> int:
+    try:
+        return shutil.disk_usage(directory).free
+    except OSError:
+        return -1
+
+
+def _check_free_space(directory: Path, need: int, dataset_id: str, dataset_version: str) -> None:
+    free = _free_bytes(directory)
+    if 0 <= free < need:
+        raise NoSpaceError(
+            f"no space left on {directory}, need {need} bytes to download "
+            f"{dataset_id}:{dataset_version} ({free} bytes free)"
+        )
+
+
+def read_origin(directory: Path) -> Optional[str]:
+    """The remote URL a local copy came from (None: unknown, e.g. a copy made before this was kept)."""
+    try:
+        with open(directory / ORIGIN_NAME, "rb") as handle:
+            raw = json.loads(handle.read(65536))
+    except (OSError, ValueError):
+        return None
+    url = raw.get("url") if isinstance(raw, dict) else None
+    return url if isinstance(url, str) else None
+
+
+def write_origin(directory: Path, url: str) -> None:
+    """Records ``url`` as the copy's origin: a new private file renamed over the old one."""
+    temp = directory / f".{ORIGIN_NAME}.{uuid.uuid4().hex}"
+    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write((json.dumps({"url": url}) + "\n").encode())
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temp, directory / ORIGIN_NAME)
+    except BaseException:
+        temp.unlink(missing_ok=True)
+        raise
 
 
 class RemoteCacheStore:
@@ -64,7 +161,7 @@ class RemoteCacheStore:
         lease_seconds: float = 120.0,
         poll_seconds: float = 1.0,
         wait_timeout: Optional[float] = None,
-        transfer_threads: int = 4,
+        transfer_threads: int = DEFAULT_TRANSFER_THREADS,
         show_progress: bool = True,
     ) -> None:
         self.objects = objects
@@ -150,38 +247,100 @@ class RemoteCacheStore:
         return self.sync(dataset_id, dataset_version, remote)
 
     def sync(self, dataset_id: str, dataset_version: str, remote: Manifest) -> CacheReader:
-        local = self.local_manifest(dataset_id, dataset_version)
-        if local is None or local.freshness != remote.freshness:
+        """Makes the local copy the published build ``remote`` (verified), then opens it."""
+        if self._damaged_parts(dataset_id, dataset_version, remote) != []:
             with self.local.lock(dataset_id, dataset_version):
                 self._sync_locked(dataset_id, dataset_version, remote)
         return self.local.open(dataset_id, dataset_version)
 
-    def _sync_locked(self, dataset_id: str, dataset_version: str, remote: Manifest) -> None:
-        local = self.local_manifest(dataset_id, dataset_version)
-        if local is not None and local.freshness == remote.freshness:
-            return  # another process of this node downloaded it meanwhile
-        self.download_locked(remote)
+    def _damaged_parts(
+        self, dataset_id: str, dataset_version: str, remote: Manifest, *, report: bool = False
+    ) -> Optional[list[PartInfo]]:
+        """None when the local copy is not of the published build; else its parts whose bytes
+        do not match the *published* manifest (an empty list: the copy is current).
 
-    def download_locked(self, remote: Manifest) -> None:
-        """Downloads and verifies every part, then swaps the local copy atomically."""
+        A copy is current only if its manifest is the published one and every part hashes to
+        the published SHA-256 -- the (created_at, build_id) pair alone proves nothing about
+        the bytes beside it. This user's verification stamps spare re-hashing unchanged files.
+        """
+        local = self.local_manifest(dataset_id, dataset_version)
+        if local is None or local.to_json() != remote.to_json():
+            return None
+        directory = self.local.cache_dir(dataset_id, dataset_version)
+        damaged = [part for part in remote.parts if not _part_matches(directory / part.name, part)]
+        for part in damaged if report else ():
+            log.warning(
+                "part %s of the local copy of %s:%s does not match the published manifest "
+                "(damaged or replaced); fetching it again from %s",
+                part.name,
+                dataset_id,
+                dataset_version,
+                self.location(dataset_id, dataset_version),
+            )
+        return damaged
+
+    def _sync_locked(self, dataset_id: str, dataset_version: str, remote: Manifest) -> None:
+        for _ in range(_REPLACED_RETRIES):
+            damaged = self._damaged_parts(dataset_id, dataset_version, remote, report=True)
+            if damaged == []:
+                return  # current (another process of this node may have just fetched it)
+            try:
+                self.download_locked(remote, damaged=frozenset(part.name for part in damaged or ()))
+                return
+            except _BuildReplaced as replaced:
+                log.info(
+                    "%s was replaced by a newer build while downloading; fetching that one",
+                    self.location(dataset_id, dataset_version),
+                )
+                remote = replaced.newer
+        raise YogaCacheError(
+            f"{self.location(dataset_id, dataset_version)} was replaced {_REPLACED_RETRIES} times "
+            "while downloading it; try again later"
+        )
+
+    def download_locked(self, remote: Manifest, damaged: frozenset[str] = frozenset()) -> None:
+        """Fetches the published build ``remote`` into a temporary sibling and swaps it in.
+
+        Parts of the existing copy that are this user's files and already hold the published
+        bytes (a heal of a damaged copy) are linked instead of downloaded; ``damaged`` names
+        parts already found not to. Every downloaded part
+        is checked against the published size and SHA-256. On the first failure, or Ctrl-C, the
+        other transfers are cancelled and the temporary directory is removed.
+        """
         dataset_id, dataset_version = remote.dataset_id, remote.dataset_version
         target = self.local.cache_dir(dataset_id, dataset_version)
         self.local.clean_leftovers(dataset_id, dataset_version)
+        previous_origin = read_origin(target)
+        reusable = self._reusable_parts(target, remote, damaged)
+        missing = tuple(part for part in remote.parts if part.name not in reusable)
+        need = sum(part.size_bytes for part in missing)
+        target.parent.mkdir(parents=True, exist_ok=True, mode=0o755)
+        _check_free_space(target.parent, need, dataset_id, dataset_version)
+        if previous_origin is not None and previous_origin != self.remote_url and target.exists():
+            log.warning(
+                "the local copy %s came from %s; replacing it with the build published at %s. "
+                "Two remotes share this local cache directory: give each its own "
+                "local_cache_host_path, or the copies replace each other",
+                target,
+                previous_origin,
+                self.location(dataset_id, dataset_version),
+            )
         temp = temp_dir_for(target, f"{remote.build_id}-{uuid.uuid4().hex[:8]}")
         temp.mkdir(parents=True, mode=0o755)
-        progress = TransferProgress(
-            f"downloading {dataset_id}:{dataset_version}",
-            remote.total_size_bytes,
-            enabled=self.show_progress,
-        )
+        progress = TransferProgress(f"downloading {dataset_id}:{dataset_version}", need, enabled=self.show_progress)
         try:
+            for name, path in reusable.items():
+                os.link(path, temp / name)
 
-            def fetch(part: PartInfo) -> None:
+            def fetch(part: PartInfo, on_bytes: ProgressCallback) -> None:
                 key = self.part_key(remote, part)
                 path = temp / part.name
                 try:
-                    self.objects.download_file(key, path, progress.add)
+                    self.objects.download_file(key, path, on_bytes)
                 except FileNotFoundError:
+                    newer = self.remote_manifest(dataset_id, dataset_version)
+                    if newer is not None and newer.freshness != remote.freshness:
+                        raise _BuildReplaced(newer) from None
                     raise CorruptCacheError(
                         f"{self.objects.url(key)} is missing although its manifest is published"
                     ) from None
@@ -193,24 +352,94 @@ class RemoteCacheStore:
                     )
                 fsync_path(path)
 
-            self._parallel(fetch, remote.parts)
+            self._parallel(fetch, missing, progress.add)
             stamp_verified(temp, remote)
             write_file_durably(temp / MANIFEST_NAME, remote.to_bytes())
+            if self.remote_url is not None:
+                write_origin(temp, self.remote_url)
             fsync_path(temp)
             replace_directory(temp, target)
-        except BaseException:
+        except BaseException as error:
             shutil.rmtree(temp, ignore_errors=True)
+            if is_disk_full(error):
+                raise NoSpaceError(
+                    f"no space left on {target.parent}, need {need} bytes to download "
+                    f"{dataset_id}:{dataset_version} ({_free_bytes(target.parent)} bytes free)"
+                ) from None
             raise
         progress.finish()
 
-    def _parallel(self, work: Callable[[PartInfo], None], parts: tuple[PartInfo, ...]) -> None:
-        if len(parts) <= 1:
-            for part in parts:
-                work(part)
+    def _reusable_parts(self, target: Path, remote: Manifest, damaged: frozenset[str]) -> dict[str, Path]:
+        """Parts of the existing copy of the same build that are this user's regular files and
+        verifiably hold the published bytes."""
+        local = self.local_manifest(remote.dataset_id, remote.dataset_version)
+        if local is None or local.freshness != remote.freshness:
+            return {}
+        listed = {part.name: part for part in local.parts}
+        found = {}
+        for part in remote.parts:
+            path = target / part.name
+            if part.name in damaged or listed.get(part.name) != part:
+                continue
+            try:
+                st = os.lstat(path)
+            except OSError:
+                continue
+            if stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid() and _part_matches(path, part):
+                found[part.name] = path
+        return found
+
+    def _parallel(
+        self,
+        work: Callable[[PartInfo, ProgressCallback], None],
+        parts: tuple[PartInfo, ...],
+        add_bytes: ProgressCallback,
+    ) -> None:
+        """Runs ``work`` for every part on ``transfer_threads`` threads; stops them all on the
+        first failure or on an interrupt (Ctrl-C).
+
+        Queued transfers are cancelled; running ones stop at their next chunk, where their
+        progress callback raises TransferCancelled. Returns (raising the first error) once the
+        running transfers stopped, or after a short grace.
+        """
+        if not parts:
             return
-        with ThreadPoolExecutor(max_workers=self.transfer_threads) as pool:
-            for future in [pool.submit(work, part) for part in parts]:
-                future.result()
+        cancel = threading.Event()
+
+        def on_bytes(count: int) -> None:
+            if cancel.is_set():
+                raise TransferCancelled("transfer cancelled")
+            add_bytes(count)
+
+        def run(part: PartInfo) -> None:
+            if cancel.is_set():
+                raise TransferCancelled("transfer cancelled")
+            try:
+                work(part, on_bytes)
+            except BaseException:
+                cancel.set()  # before this thread takes the next queued part
+                raise
+
+        pool = ThreadPoolExecutor(
+            max_workers=min(self.transfer_threads, len(parts)), thread_name_prefix="yogacache-transfer"
+        )
+        futures = [pool.submit(run, part) for part in parts]
+        try:
+            pending = set(futures)
+            while pending:
+                # Short waits: a signal the kernel hands to a transfer thread still reaches
+                # the main thread's handler (Ctrl-C) within a fraction of a second.
+                done, pending = wait(pending, timeout=_POLL_SECONDS, return_when=FIRST_EXCEPTION)
+                failures = [error for error in (f.exception() for f in done) if error is not None]
+                if failures:
+                    raise next((e for e in failures if not isinstance(e, TransferCancelled)), failures[0])
+        except BaseException:
+            cancel.set()
+            pool.shutdown(wait=False, cancel_futures=True)
+            # Cancelled futures never count as done: wait for the ones that were running.
+            wait([f for f in futures if not f.cancelled()], timeout=CANCEL_GRACE_SECONDS)
+            raise
+        pool.shutdown(wait=True)
 
     # -- building and publishing ----------------------------------------------------------
     def get_or_build(
@@ -229,18 +458,21 @@ class RemoteCacheStore:
             self._build_or_wait_locked(dataset_id, dataset_version, make_data)
         return self.local.open(dataset_id, dataset_version)
 
+    def _new_lease(self, dataset_id: str, dataset_version: str) -> Lease:
+        key = self.key(dataset_id, dataset_version, LEASE_NAME)
+        return Lease(self.objects, key, uuid.uuid4().hex, self.lease_seconds)
+
     def _build_or_wait_locked(
         self, dataset_id: str, dataset_version: str, make_data: Callable[[], Any]
     ) -> None:
-        lease_key = self.key(dataset_id, dataset_version, LEASE_NAME)
         deadline = None if self.wait_timeout is None else time.monotonic() + self.wait_timeout
         announced = False
+        lease = self._new_lease(dataset_id, dataset_version)  # one lease watches the holder's
         while True:
             remote = self.remote_manifest(dataset_id, dataset_version)
             if remote is not None:
                 self._sync_locked(dataset_id, dataset_version, remote)
                 return
-            lease = Lease(self.objects, lease_key, uuid.uuid4().hex, self.lease_seconds)
             acquired, holder = lease.try_acquire()
             if acquired:
                 try:
@@ -268,7 +500,19 @@ class RemoteCacheStore:
             time.sleep(self.poll_seconds)
 
     def publish_locked(self, manifest: Manifest) -> bool:
-        """Uploads the local copy's parts, then creates the manifest; False if one already exists."""
+        """Uploads the local copy's parts, then creates the manifest; False if one already exists.
+
+        Afterwards, part objects the published manifest does not name (losers, killed builders)
+        are deleted: the caller holds the build lease, so no other builder is uploading.
+        """
+        published = self._upload_and_commit(manifest, replacing=None)
+        self._delete_unreferenced(manifest.dataset_id, manifest.dataset_version)
+        return published
+
+    def _upload_and_commit(self, manifest: Manifest, *, replacing: Optional[str]) -> bool:
+        """Uploads the parts, then writes the manifest conditionally: created only if none exists
+        (``replacing`` None), else replacing only the published version ``replacing``. False when
+        that precondition failed."""
         dataset_id, dataset_version = manifest.dataset_id, manifest.dataset_version
         directory = self.local.cache_dir(dataset_id, dataset_version)
         progress = TransferProgress(
@@ -277,22 +521,36 @@ class RemoteCacheStore:
             enabled=self.show_progress,
         )
         self._parallel(
-            lambda part: self.objects.upload_file(
-                directory / part.name, self.part_key(manifest, part), progress.add
+            lambda part, on_bytes: self.objects.upload_file(
+                directory / part.name, self.part_key(manifest, part), on_bytes
             ),
             manifest.parts,
+            progress.add,
         )
         progress.finish()
         manifest_key = self.key(dataset_id, dataset_version, MANIFEST_NAME)
-        if self.objects.write(manifest_key, manifest.to_bytes(), if_absent=True) is None:
-            self._delete_unreferenced(dataset_id, dataset_version)
+        if replacing is None:
+            token = self.objects.write(manifest_key, manifest.to_bytes(), if_absent=True)
+        else:
+            token = self.objects.write(manifest_key, manifest.to_bytes(), if_token=replacing)
+        if token is None:
             return False
-        self._delete_unreferenced(dataset_id, dataset_version)
+        if self.remote_url is not None and (directory / MANIFEST_NAME).is_file():
+            write_origin(directory, self.remote_url)
         return True
+
+    def _delete_build_parts(self, dataset_id: str, dataset_version: str, build_id: str) -> None:
+        """Deletes the part objects of one build (a replaced one, or one that lost)."""
+        prefix = self.key(dataset_id, dataset_version, f"{build_id}-")
+        for info in self.objects.list(prefix):
+            self.objects.delete(info.key)
 
     def _delete_unreferenced(self, dataset_id: str, dataset_version: str) -> None:
         """Deletes part objects the published manifest does not name (losers, killed builders)."""
-        remote = self.remote_manifest(dataset_id, dataset_version)
+        try:
+            remote = self.remote_manifest(dataset_id, dataset_version)
+        except (CorruptCacheError, IncompatibleCacheError):
+            return  # unreadable: which parts it needs is unknown, so nothing is deleted
         if remote is None:
             return
         keep = {self.part_key(remote, part) for part in remote.parts}
@@ -301,20 +559,47 @@ class RemoteCacheStore:
             if info.key not in keep:
                 self.objects.delete(info.key)
 
+    def _published(self, dataset_id: str, dataset_version: str) -> tuple[Optional[str], Optional[Manifest]]:
+        """The published manifest's version token (None: unpublished) and the manifest itself
+        (None where it cannot be read: a corrupt one can still be replaced)."""
+        key = self.key(dataset_id, dataset_version, MANIFEST_NAME)
+        found = self.objects.read(key)
+        if found is None:
+            return None, None
+        try:
+            return found[1], Manifest.from_bytes(found[0], self.objects.url(key))
+        except YogaCacheError:
+            return found[1], None
+
     def build(self, dataset_id: str, dataset_version: str, data: Any) -> Manifest:
-        """Builds a cache from ``data`` and publishes it; refuses to replace a published one."""
+        """Builds a cache from ``data`` and publishes it, replacing the published one (as YogaDL's
+        ``submit`` documents).
+
+        The replace is conditional on the manifest this call saw before building: when another
+        process publishes meanwhile, exactly one of the two wins and the other raises
+        ConcurrentPublishError. See "Replacing a published cache" in docs/architecture.md for
+        what happens to the old build's parts and its readers.
+        """
         with self.local.lock(dataset_id, dataset_version):
-            if self.remote_manifest(dataset_id, dataset_version) is not None:
-                raise YogaCacheError(
-                    f"{self.objects.url(self.key(dataset_id, dataset_version))} is already "
-                    "published; remove it first (yogacache rm --remote) to replace it"
-                )
+            seen_token, seen = self._published(dataset_id, dataset_version)
             manifest = self.local.build_locked(dataset_id, dataset_version, source_for(data))
-            if not self.publish_locked(manifest):
-                raise YogaCacheError(
-                    f"another process published {dataset_id}:{dataset_version} concurrently"
-                )
+            self._publish_replacing(manifest, seen_token, seen)
             return manifest
+
+    def _publish_replacing(self, manifest: Manifest, seen_token: Optional[str], seen: Optional[Manifest]) -> None:
+        """Publishes ``manifest`` if the published manifest is still the version ``seen_token``;
+        then deletes the replaced build's parts. Raises ConcurrentPublishError when another
+        process published first (this build's uploaded parts are deleted again)."""
+        dataset_id, dataset_version = manifest.dataset_id, manifest.dataset_version
+        if not self._upload_and_commit(manifest, replacing=seen_token):
+            self._delete_build_parts(dataset_id, dataset_version, manifest.build_id)
+            raise ConcurrentPublishError(
+                f"another process published {self.location(dataset_id, dataset_version)} while "
+                f"this build of {dataset_id}:{dataset_version} ran; the other build stays published "
+                "and this one was not published"
+            )
+        if seen is not None and seen.build_id != manifest.build_id:
+            self._delete_build_parts(dataset_id, dataset_version, seen.build_id)
 
     def push(self, dataset_id: str, dataset_version: str) -> Manifest:
         """Publishes the local copy of a cache."""
@@ -329,26 +614,38 @@ class RemoteCacheStore:
                     "build; remove it first (yogacache rm --remote) to replace it"
                 )
             self.local.verify(dataset_id, dataset_version)
-            if not self.publish_locked(manifest):
-                raise YogaCacheError(
-                    f"another process published {dataset_id}:{dataset_version} concurrently"
-                )
+            self._publish_replacing(manifest, None, None)
             return manifest
 
     # -- management -----------------------------------------------------------------------
     def list(self) -> list[CacheEntry]:
-        """Remote and local caches, matched by id and version."""
+        """Published caches and this remote's local copies, matched by id and version.
+
+        A published manifest that cannot be read (corrupt, or of a newer format) is listed with
+        ``error`` set instead of failing the listing. Local copies fetched from another remote
+        (another bucket or prefix sharing this local root) are not this store's and not listed.
+        """
         remote: dict[tuple[str, str], Manifest] = {}
+        errors: dict[tuple[str, str], str] = {}
         for info in self.objects.list(""):
             parts = info.key.split("/")
             if len(parts) == 3 and parts[2] == MANIFEST_NAME:
-                manifest = self.remote_manifest(parts[0], parts[1])
+                try:
+                    manifest = self.remote_manifest(parts[0], parts[1])
+                except (CorruptCacheError, IncompatibleCacheError, InvalidNameError) as error:
+                    errors[(parts[0], parts[1])] = str(error)
+                    continue
                 if manifest is not None:
                     remote[(parts[0], parts[1])] = manifest
-        local = {(e.dataset_id, e.dataset_version): e for e in self.local.list()}
+        local = {
+            (e.dataset_id, e.dataset_version): e
+            for e in self.local.list()
+            if e.local_path is None or read_origin(e.local_path) in (None, self.remote_url)
+        }
         entries = []
-        for i, v in sorted(set(remote) | set(local)):
+        for i, v in sorted(set(remote) | set(errors) | set(local)):
             copy = local.get((i, v))
+            published = (i, v) in remote or (i, v) in errors
             entries.append(
                 CacheEntry(
                     i,
@@ -356,8 +653,8 @@ class RemoteCacheStore:
                     local_path=copy.local_path if copy else None,
                     local=copy.local if copy else None,
                     remote=remote.get((i, v)),
-                    remote_url=self.location(i, v) if (i, v) in remote else None,
-                    error=copy.error if copy else None,
+                    remote_url=self.objects.url(f"{i}/{v}/") if published else None,
+                    error=errors.get((i, v)) or (copy.error if copy else None),
                 )
             )
         return entries
