@@ -350,6 +350,7 @@ class RemoteCacheStore:
                         f"{self.objects.url(key)} does not match its manifest's size and hash "
                         "(altered or swapped); refused"
                     )
+                os.chmod(path, 0o644)  # explicit, as the parts a build writes (whatever the umask)
                 fsync_path(path)
 
             self._parallel(fetch, missing, progress.add)
