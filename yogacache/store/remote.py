@@ -87,12 +87,11 @@ def _part_matches(path: Path, part: PartInfo) -> bool:
     """Whether the file at ``path`` is a regular file of the part's size and SHA-256 (a stamp of
     this user vouches for a file hashed before; otherwise it is hashed, and stamped)."""
     try:
-        if not stat.S_ISREG(os.lstat(path).st_mode):
+        st = os.lstat(path)
+        if not stat.S_ISREG(st.st_mode) or st.st_size != part.size_bytes:
             return False
         identity = file_identity(path)
     except OSError:
-        return False
-    if identity[2] != part.size_bytes:
         return False
     if has_stamp(identity, part.sha256):
         return True
