@@ -122,6 +122,7 @@ class CacheStore:
         progress = Progress(
             f"caching {dataset_id}:{dataset_version}",
             enabled=self.show_progress,
+            total=source.cardinality,
         )
         limits = self.limits
         with CacheWriter(

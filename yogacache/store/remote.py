@@ -32,7 +32,7 @@ from yogacache.format.manifest import MANIFEST_NAME, Manifest, PartInfo
 from yogacache.format.sources import source_for
 from yogacache.format.writer import BuildLimits
 from yogacache.locks import FileLock
-from yogacache.progress import TransferProgress
+from yogacache.progress import TransferProgress, waiting
 from yogacache.read.reader import CacheReader
 from yogacache.store.base import CacheEntry
 from yogacache.store.lease import Lease
@@ -253,9 +253,7 @@ class RemoteCacheStore:
                     lease.release()
                 continue
             if holder is not None and not announced:
-                log.info(
-                    "waiting for %s to finish building %s:%s", holder.owner, dataset_id, dataset_version
-                )
+                waiting(f"{dataset_id}:{dataset_version}", holder.owner)
                 announced = True
             if deadline is not None and time.monotonic() > deadline:
                 raise BuildWaitTimeoutError(
