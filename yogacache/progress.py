@@ -110,6 +110,7 @@ class Progress:
         self._live: Any = None  # the rich Progress drawing the line, once shown
         self._task: Any = None
         self._closed = False
+        self._said = False  # a log line was emitted
 
     # -- what is shown ----------------------------------------------------------------------
     def _rate_and_eta(self, done: float, total: Optional[float]) -> tuple[float, Optional[float]]:
@@ -173,6 +174,9 @@ class Progress:
             if final:
                 self.close()
         else:
+            if final and not self._said and not log.hasHandlers() and now - self.start < self.interval:
+                return  # logging not configured: a quick build or transfer stays quiet
+            self._said = True
             say(f"{log_prefix}{self.label}: {line()}")
 
     def _draw(self, text: str, completed: Optional[float], total: Optional[float], final: bool = False) -> None:
