@@ -319,7 +319,7 @@ def test_rm_refuses_unsafe_names(populated: Remote) -> None:
 # -- progress ------------------------------------------------------------------------------------
 PROGRESS = re.compile(
     r"(?P<what>uploading|downloading) mnist:v1: (?P<done>[\d.]+ \w+) of (?P<total>[\d.]+ \w+) "
-    r"(\([\d.]+ \w+/s, ETA [^)]+\)|sent, finishing \([^)]+\)|in [^(]+ \([\d.]+ \w+/s, done\))"
+    r"(\([\d.]+ \w+/s, ETA [^)]+\)|transferred, finishing \([^)]+\)|in [^(]+ \([\d.]+ \w+/s, done\))"
 )
 
 

@@ -51,8 +51,13 @@ class Terminated(KeyboardInterrupt):
     """SIGTERM, raised in the main thread like Ctrl-C so that the same cleanup runs."""
 
 
-def _on_sigterm(signum: int, frame: Optional[FrameType]) -> None:
-    raise Terminated()
+def _on_signal(signum: int, frame: Optional[FrameType]) -> None:
+    """Ctrl-C and SIGTERM: silence progress (transfer threads winding down print nothing more),
+    then raise in the main thread so that every ``finally`` and ``with`` cleans up."""
+    progress.mute_all()
+    if signum == signal.SIGTERM:
+        raise Terminated()
+    raise KeyboardInterrupt()
 
 
 # -- opening the store -------------------------------------------------------------------------
@@ -557,17 +562,20 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(message)s")
     # Progress: a live line on a terminal, log lines otherwise (CI, pipes).
     logging.getLogger("yogacache.progress").setLevel(logging.INFO)
-    previous_term = None
+    previous: dict[int, Any] = {}
     if threading.current_thread() is threading.main_thread():  # signals reach the main thread only
-        previous_term = signal.signal(signal.SIGTERM, _on_sigterm)
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            if signal.getsignal(signum) is not signal.SIG_IGN:  # nohup'd, or in the background
+                previous[signum] = signal.signal(signum, _on_signal)
     store: Optional[Store] = None
     try:
         store = open_cli_store(args.storage, args.endpoint_url, args.local_cache)
         return int(args.run(store, args))
     except KeyboardInterrupt as interrupt:
         progress.close_all()
-        # Ctrl-C again while the message prints changes nothing.
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C while we finish changes nothing
+            previous.pop(signal.SIGINT, None)
         what = "terminated (SIGTERM)" if isinstance(interrupt, Terminated) else "interrupted"
         print(f"yogacache: {what}; {args.command} stopped, nothing half-done was kept", file=sys.stderr)
         return 143 if isinstance(interrupt, Terminated) else 130
@@ -585,8 +593,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"yogacache: error: {_missing_library(error)}", file=sys.stderr)
         return 1
     finally:
-        if previous_term is not None:
-            signal.signal(signal.SIGTERM, previous_term)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -20,7 +20,7 @@ from typing import Any, Callable, Optional, TextIO
 
 log = logging.getLogger("yogacache.progress")
 
-_LIVE: weakref.WeakSet[Progress] = weakref.WeakSet()  # live lines on a terminal, for close_all()
+_ACTIVE: weakref.WeakSet[Progress] = weakref.WeakSet()  # every progress shown, for mute_all/close_all
 
 
 def format_bytes(count: float) -> str:
@@ -80,9 +80,18 @@ def waiting(what: str, owner: Optional[str] = None, *, pid: Optional[int] = None
     return line
 
 
+def mute_all() -> None:
+    """Silences every progress display at once (safe in a signal handler: it only sets flags),
+    so that transfers winding down after Ctrl-C print nothing more."""
+    for progress in list(_ACTIVE):
+        progress.muted = True
+
+
 def close_all() -> None:
-    """Ends every live terminal line (after Ctrl-C, before printing a message)."""
-    for progress in list(_LIVE):
+    """Silences every progress display and ends live terminal lines (before printing a message
+    after Ctrl-C or an error)."""
+    mute_all()
+    for progress in list(_ACTIVE):
         progress.close()
 
 
@@ -111,6 +120,9 @@ class Progress:
         self._task: Any = None
         self._closed = False
         self._said = False  # a log line was emitted
+        self.muted = False  # set by mute_all(): nothing more is shown
+        if enabled:
+            _ACTIVE.add(self)
 
     # -- what is shown ----------------------------------------------------------------------
     def _rate_and_eta(self, done: float, total: Optional[float]) -> tuple[float, Optional[float]]:
@@ -157,7 +169,7 @@ class Progress:
         """Shows ``line()`` (a live line on a terminal, a log line otherwise), at most once per
         interval; ``final`` ends the live line. On a terminal the line is ``line(short=True)``
         when ``line`` takes that argument, and ``completed``/``total`` draw a bar."""
-        if not self.enabled or self._closed:
+        if not self.enabled or self._closed or self.muted:
             return
         now = time.monotonic()
         if not final and now - self._last < self.interval:
@@ -197,7 +209,6 @@ class Progress:
                 redirect_stderr=False,
             )
             self._task = self._live.add_task(self.label, total=total, completed=completed or 0, text=text)
-            _LIVE.add(self)
             self._live.start()  # draws the first line
             return
         self._live.update(self._task, total=total, completed=completed or 0, text=text)
@@ -210,7 +221,7 @@ class Progress:
         live, self._live = self._live, None
         if live is not None:
             live.stop()
-        _LIVE.discard(self)
+        _ACTIVE.discard(self)
 
     def update(self, records: int, size: int) -> None:
         self.emit(
@@ -250,8 +261,8 @@ class TransferProgress:
         if self.done >= self.total:
             waited = format_duration(time.monotonic() - self._progress.start)
             if short:
-                return f"{total} sent · finishing ({waited})"
-            return f"{done} of {total} sent, finishing ({waited})"
+                return f"all {total} transferred · finishing ({waited})"
+            return f"{done} of {total} transferred, finishing ({waited})"
         eta_text = format_duration(eta) if eta is not None else "?"
         if short:
             return f"ETA {eta_text} · {done} of {total} · {format_bytes(rate)}/s"
