@@ -56,11 +56,19 @@ def say(line: str) -> None:
         print(f"yogacache: {line}", file=sys.stderr, flush=True)
 
 
-def waiting(what: str, owner: Optional[str] = None, *, pid: Optional[int] = None, host: Optional[str] = None) -> str:
+def waiting(
+    what: str,
+    owner: Optional[str] = None,
+    *,
+    pid: Optional[int] = None,
+    host: Optional[str] = None,
+    doing: str = "building",
+) -> str:
     """Says that this process waits for another one's build of ``what`` (``ID:VERSION``).
 
     ``owner`` is ``HOST:PID`` (what build leases record); ``pid``/``host`` may be given instead.
-    Returns the line said: ``waiting for pid N on HOST building ID:VERSION``.
+    Returns the line said: ``waiting for pid N on HOST building ID:VERSION`` (``doing`` may say
+    ``downloading`` instead).
     """
     if owner and (pid is None or host is None):
         owner_host, _, owner_pid = owner.rpartition(":")
@@ -70,14 +78,23 @@ def waiting(what: str, owner: Optional[str] = None, *, pid: Optional[int] = None
         elif host is None:
             host = owner
     if pid is None and host is None:
-        line = f"waiting for another process building {what}"
+        line = f"waiting for another process {doing} {what}"
     elif pid is None:
-        line = f"waiting for {host} building {what}"
+        line = f"waiting for {host} {doing} {what}"
     else:
         where = host or socket.gethostname()
-        line = f"waiting for pid {pid} on {where} building {what}"
+        line = f"waiting for pid {pid} on {where} {doing} {what}"
     say(line)
     return line
+
+
+def waiter(dataset_id: str, dataset_version: str, doing: str = "building") -> Callable[[Optional[str]], None]:
+    """A lock's ``on_wait``: ``waiter(id, version)(holder)`` says whom this process waits for."""
+
+    def say_waiting(holder: Optional[str]) -> None:
+        waiting(f"{dataset_id}:{dataset_version}", holder, doing=doing)
+
+    return say_waiting
 
 
 def mute_all() -> None:

@@ -22,7 +22,7 @@ from yogacache.format.writer import DEFAULT_PART_SIZE, BuildLimits, CacheWriter
 from yogacache.locks import FileLock
 from yogacache.malloc import keep_freed_memory
 from yogacache.names import validate_name, validate_version
-from yogacache.progress import Progress
+from yogacache.progress import Progress, waiter
 from yogacache.read.reader import CacheReader
 from yogacache.store.base import CacheEntry
 
@@ -110,7 +110,7 @@ class CacheStore:
             return self.open(dataset_id, dataset_version)
         except CacheNotFoundError:
             pass
-        with FileLock(self.lock_path(dataset_id, dataset_version)):
+        with FileLock(self.lock_path(dataset_id, dataset_version), on_wait=waiter(dataset_id, dataset_version)):
             if not self.exists(dataset_id, dataset_version):
                 self.build_locked(dataset_id, dataset_version, source_for(make_data()))
         return self.open(dataset_id, dataset_version)

@@ -32,7 +32,7 @@ from yogacache.format.manifest import MANIFEST_NAME, Manifest, PartInfo
 from yogacache.format.sources import source_for
 from yogacache.format.writer import BuildLimits
 from yogacache.locks import FileLock
-from yogacache.progress import TransferProgress, waiting
+from yogacache.progress import TransferProgress, waiter, waiting
 from yogacache.read.reader import CacheReader
 from yogacache.store.base import CacheEntry
 from yogacache.store.lease import Lease
@@ -149,7 +149,8 @@ class RemoteCacheStore:
     def sync(self, dataset_id: str, dataset_version: str, remote: Manifest) -> CacheReader:
         local = self.local_manifest(dataset_id, dataset_version)
         if local is None or local.freshness != remote.freshness:
-            with FileLock(self.local.lock_path(dataset_id, dataset_version)):
+            downloader = waiter(dataset_id, dataset_version, "downloading")
+            with FileLock(self.local.lock_path(dataset_id, dataset_version), on_wait=downloader):
                 self._sync_locked(dataset_id, dataset_version, remote)
         return self.local.open(dataset_id, dataset_version)
 
@@ -222,7 +223,7 @@ class RemoteCacheStore:
         remote = self.remote_manifest(dataset_id, dataset_version)
         if remote is not None:
             return self.sync(dataset_id, dataset_version, remote)
-        with FileLock(self.local.lock_path(dataset_id, dataset_version)):
+        with FileLock(self.local.lock_path(dataset_id, dataset_version), on_wait=waiter(dataset_id, dataset_version)):
             self._build_or_wait_locked(dataset_id, dataset_version, make_data)
         return self.local.open(dataset_id, dataset_version)
 
