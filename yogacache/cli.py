@@ -419,12 +419,12 @@ def _not_found_message(store: Store, args: argparse.Namespace, error: CacheNotFo
         where = store.location(dataset_id, version)
     except YogaCacheError:
         return str(error)
-    if store.remote_url is not None and args.command in ("info", "pull"):
-        message = f"no cache {dataset_id} {version} at {where} (nor a local copy under {store.root})"
-    elif args.command in ("verify",) or store.remote_url is None or not getattr(args, "remote", True):
-        message = str(error)
-    else:
+    # About a remote cache: name the remote, not the local copies' directory.
+    about_remote = args.command in ("info", "pull") or (args.command == "rm" and args.remote)
+    if store.remote_url is not None and about_remote:
         message = f"no cache {dataset_id} {version} at {where}"
+    else:
+        message = str(error)
     suggestions = _suggestions(store, dataset_id, version)
     if suggestions:
         message += "; did you mean: " + ", ".join(suggestions) + "?"
@@ -564,9 +564,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     logging.getLogger("yogacache.progress").setLevel(logging.INFO)
     previous: dict[int, Any] = {}
     if threading.current_thread() is threading.main_thread():  # signals reach the main thread only
-        for signum in (signal.SIGINT, signal.SIGTERM):
-            if signal.getsignal(signum) is not signal.SIG_IGN:  # nohup'd, or in the background
-                previous[signum] = signal.signal(signum, _on_signal)
+        for wanted in (signal.SIGINT, signal.SIGTERM):
+            if signal.getsignal(wanted) is not signal.SIG_IGN:  # nohup'd, or in the background
+                previous[wanted] = signal.signal(wanted, _on_signal)
     store: Optional[Store] = None
     try:
         store = open_cli_store(args.storage, args.endpoint_url, args.local_cache)
