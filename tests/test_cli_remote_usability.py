@@ -86,3 +86,19 @@ def test_rm_asks_naming_the_local_copy_it_deletes(s3_remote: Remote) -> None:
     assert accepted.returncode == 0, accepted.stderr
     assert str(local_copy) in accepted.stdout and not local_copy.exists()
     assert remote.keys("mnist/v1/")  # the published cache is still there
+
+
+def test_ls_keeps_listing_when_a_published_manifest_is_unreadable(s3_remote: Remote) -> None:
+    remote = s3_remote
+    remote.node("node-a").build("mnist", "v1", dataset(20))
+    remote.node("node-b").open("mnist", "v1")
+    remote.cloud.raw_put(remote.bucket, f"caches/broken/v1/{MANIFEST_NAME}", b"{ not json")
+
+    result = remote.cli("ls")
+    assert result.returncode == 0, result.stderr
+    assert "Traceback" not in result.stderr
+    assert any(line.split()[:2] == ["mnist", "v1"] for line in result.stdout.splitlines()), result.stdout
+    assert "broken" in result.stdout + result.stderr  # the bad one is named, with its reason
+    listed = remote.cli("ls", "--json")
+    assert listed.returncode == 0, listed.stderr
+    assert ("mnist", "v1") in {(r["dataset_id"], r["dataset_version"]) for r in json.loads(listed.stdout)}

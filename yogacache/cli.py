@@ -201,8 +201,25 @@ def _row(entry: CacheEntry) -> dict[str, Any]:
 
 
 # -- commands ----------------------------------------------------------------------------------
+def _list(store: Store) -> tuple[list[CacheEntry], Optional[str]]:
+    """Every cache, and a note when only part of them could be listed.
+
+    Stores mark an unreadable cache in its entry; should a remote listing still fail as a
+    whole, the local copies are listed, with the reason.
+    """
+    try:
+        return store.list(), None
+    except YogaCacheError as error:
+        local = getattr(store, "local", None)
+        if store.remote_url is None or not isinstance(local, CacheStore):
+            raise
+        return local.list(), f"listing {store.remote_url} failed ({error}); showing the local copies only"
+
+
 def cmd_ls(store: Store, args: argparse.Namespace) -> int:
-    entries = store.list()
+    entries, note = _list(store)
+    if note:
+        print(f"yogacache: warning: {note}", file=sys.stderr)
     if args.json:
         print(json.dumps([_row(entry) for entry in entries], indent=2))
         return 0
