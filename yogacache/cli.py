@@ -594,7 +594,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C while we finish changes nothing
             previous.pop(signal.SIGINT, None)
         what = "terminated (SIGTERM)" if isinstance(interrupt, Terminated) else "interrupted"
-        print(f"yogacache: {what}; {args.command} stopped, nothing half-done was kept", file=sys.stderr)
+        outcome = {
+            "build": "nothing was cached",
+            "pull": "the local copy is as it was",
+            "push": "nothing was published",
+            "rm": "see what is left with yogacache ls",
+        }.get(args.command, "nothing was changed")
+        print(f"yogacache: {what}: {args.command} stopped, {outcome}", file=sys.stderr)
         return 143 if isinstance(interrupt, Terminated) else 130
     except CacheNotFoundError as error:
         progress.close_all()
