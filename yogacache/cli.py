@@ -62,12 +62,16 @@ def _on_signal(signum: int, frame: Optional[FrameType]) -> None:
 
 # -- opening the store -------------------------------------------------------------------------
 def open_cli_store(
-    storage: Optional[str], endpoint_url: Optional[str] = None, local_cache: Optional[str] = None
+    storage: Optional[str],
+    endpoint_url: Optional[str] = None,
+    local_cache: Optional[str] = None,
+    must_exist: bool = True,
 ) -> Store:
-    """The store named by ``--storage``, ``$YOGACACHE_STORAGE`` or the local default."""
+    """The store named by ``--storage``, ``$YOGACACHE_STORAGE`` or the local default; a local
+    directory named explicitly must exist unless ``must_exist`` is false (a build creates it)."""
     target = storage or os.environ.get(STORAGE_ENV) or None
     store = open_store(target, endpoint_url=endpoint_url, local_cache=local_cache)
-    if target is not None and "://" not in target and store.remote_url is None:
+    if must_exist and target is not None and "://" not in target and store.remote_url is None:
         # A directory named explicitly must exist: a typo is an error, not "no caches".
         if not Path(target).expanduser().exists():
             raise ConfigError(f"storage {target} does not exist (not a directory or a config file)")
@@ -119,15 +123,15 @@ def _columns() -> Optional[int]:
 
 
 def shorten_path(path: str, width: int) -> str:
-    """``…/and/on/mnist/v1``: the end of a path (what tells caches apart) within ``width``."""
+    """``.../on/mnist/v1``: the end of a path (what tells caches apart) within ``width``."""
     home = str(Path.home())
     if home not in ("", "/") and (path == home or path.startswith(home + "/")):
         path = "~" + path[len(home) :]
     if len(path) <= width:
         return path
-    tail = path[-(width - 1) :]
+    tail = path[-(width - 3) :]
     cut = tail.find("/")
-    return "…" + (tail[cut:] if 0 <= cut < len(tail) - 8 else tail)
+    return "..." + (tail[cut:] if 0 <= cut < len(tail) - 8 else tail)
 
 
 def print_table(
@@ -586,7 +590,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 previous[wanted] = signal.signal(wanted, _on_signal)
     store: Optional[Store] = None
     try:
-        store = open_cli_store(args.storage, args.endpoint_url, args.local_cache)
+        store = open_cli_store(args.storage, args.endpoint_url, args.local_cache, must_exist=args.command != "build")
         return int(args.run(store, args))
     except KeyboardInterrupt as interrupt:
         progress.close_all()

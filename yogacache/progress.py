@@ -155,9 +155,9 @@ class Progress:
         eta_text = f"ETA {format_duration(eta)}" if eta is not None else ""
         if short:  # the live line: what matters first, so a narrow terminal cuts the least useful
             if self.total is None:
-                return f"{records:,} records · {format_bytes(size)} · {records / elapsed:,.0f}/s"
+                return f"{records:,} records, {format_bytes(size)}, {records / elapsed:,.0f}/s"
             percent = f"{100 * records / self.total:.0f}%"
-            return " · ".join(filter(None, [percent, eta_text, f"{records:,}/{self.total:,}", format_bytes(size)]))
+            return ", ".join(filter(None, [percent, eta_text, f"{records:,}/{self.total:,}", format_bytes(size)]))
         if self.total is None:
             count = f"{records:,} records"
         else:
@@ -168,7 +168,7 @@ class Progress:
     def _finish_line(self, records: int, size: int, short: bool = False) -> str:
         elapsed = max(time.monotonic() - self.start, 1e-9)
         if short:
-            return f"{records:,} records · {format_bytes(size)} in {format_duration(elapsed)}"
+            return f"{records:,} records, {format_bytes(size)} in {format_duration(elapsed)}"
         return (
             f"{records:,} records, {format_bytes(size)} in {format_duration(elapsed)} "
             f"({records / elapsed:,.0f} records/s, {format_bytes(size / elapsed)}/s)"
@@ -278,17 +278,17 @@ class TransferProgress:
         if self.done >= self.total:
             waited = format_duration(time.monotonic() - self._progress.start)
             if short:
-                return f"all {total} transferred · finishing ({waited})"
+                return f"all {total} transferred, finishing ({waited})"
             return f"{done} of {total} transferred, finishing ({waited})"
         eta_text = format_duration(eta) if eta is not None else "?"
         if short:
-            return f"ETA {eta_text} · {done} of {total} · {format_bytes(rate)}/s"
+            return f"ETA {eta_text}, {done} of {total}, {format_bytes(rate)}/s"
         return f"{done} of {total} ({format_bytes(rate)}/s, ETA {eta_text})"
 
     def _finish_line(self, short: bool = False) -> str:
         elapsed = max(time.monotonic() - self._progress.start, 1e-9)
         if short:
-            return f"{format_bytes(self.done)} in {format_duration(elapsed)} · {format_bytes(self.done / elapsed)}/s"
+            return f"{format_bytes(self.done)} in {format_duration(elapsed)}, {format_bytes(self.done / elapsed)}/s"
         return (
             f"{format_bytes(self.done)} of {format_bytes(self.total)} in {format_duration(elapsed)} "
             f"({format_bytes(self.done / elapsed)}/s, done)"
