@@ -157,7 +157,7 @@ class Progress:
             if self.total is None:
                 return f"{records:,} records, {format_bytes(size)}, {records / elapsed:,.0f}/s"
             percent = f"{100 * records / self.total:.0f}%"
-            return ", ".join(filter(None, [percent, eta_text, f"{records:,}/{self.total:,}", format_bytes(size)]))
+            return ", ".join(filter(None, [percent, eta_text, f"{records:,}/{self.total:,}"]))
         if self.total is None:
             count = f"{records:,} records"
         else:
@@ -199,7 +199,7 @@ class Progress:
                 text = line(short=True)
             except TypeError:
                 text = line()
-            self._draw(text, completed, total, final)
+            self._draw(text, completed, total, final, log_prefix)
             if final:
                 self.close()
         else:
@@ -208,7 +208,10 @@ class Progress:
             self._said = True
             say(f"{log_prefix}{self.label}: {line()}")
 
-    def _draw(self, text: str, completed: Optional[float], total: Optional[float], final: bool = False) -> None:
+    def _draw(
+        self, text: str, completed: Optional[float], total: Optional[float], final: bool = False, prefix: str = ""
+    ) -> None:
+        description = f"{prefix}{self.label}"
         if self._live is None:
             from rich.console import Console
             from rich.progress import BarColumn, TextColumn
@@ -217,18 +220,18 @@ class Progress:
 
             console = Console(file=self.stream, highlight=False)
             self._live = RichProgress(
-                TextColumn("{task.description}", table_column=Column(no_wrap=True, overflow="ellipsis", max_width=32)),
-                BarColumn(bar_width=12),
+                TextColumn("{task.description}", table_column=Column(no_wrap=True, overflow="ellipsis", max_width=40)),
+                BarColumn(bar_width=10),
                 TextColumn("{task.fields[text]}", table_column=Column(no_wrap=True, overflow="ellipsis")),
                 console=console,
                 auto_refresh=False,  # no drawing thread: every update draws, throttled above
                 redirect_stdout=False,
                 redirect_stderr=False,
             )
-            self._task = self._live.add_task(self.label, total=total, completed=completed or 0, text=text)
+            self._task = self._live.add_task(description, total=total, completed=completed or 0, text=text)
             self._live.start()  # draws the first line
             return
-        self._live.update(self._task, total=total, completed=completed or 0, text=text)
+        self._live.update(self._task, description=description, total=total, completed=completed or 0, text=text)
         if not final:
             self._live.refresh()  # a final line is drawn by close()
 
@@ -278,17 +281,17 @@ class TransferProgress:
         if self.done >= self.total:
             waited = format_duration(time.monotonic() - self._progress.start)
             if short:
-                return f"all {total} transferred, finishing ({waited})"
+                return f"finishing ({waited})"
             return f"{done} of {total} transferred, finishing ({waited})"
         eta_text = format_duration(eta) if eta is not None else "?"
-        if short:
-            return f"ETA {eta_text}, {done} of {total}, {format_bytes(rate)}/s"
+        if short:  # the bar shows how far; the final line the size
+            return f"{100 * self.done / max(self.total, 1):.0f}%, ETA {eta_text}, {format_bytes(rate)}/s"
         return f"{done} of {total} ({format_bytes(rate)}/s, ETA {eta_text})"
 
     def _finish_line(self, short: bool = False) -> str:
         elapsed = max(time.monotonic() - self._progress.start, 1e-9)
         if short:
-            return f"{format_bytes(self.done)} in {format_duration(elapsed)}, {format_bytes(self.done / elapsed)}/s"
+            return f"{format_bytes(self.done)} in {format_duration(elapsed)}"
         return (
             f"{format_bytes(self.done)} of {format_bytes(self.total)} in {format_duration(elapsed)} "
             f"({format_bytes(self.done / elapsed)}/s, done)"

@@ -120,7 +120,7 @@ class CacheStore:
         target = self.cache_dir(dataset_id, dataset_version)
         self.clean_leftovers(dataset_id, dataset_version)
         progress = Progress(
-            f"caching {dataset_id}:{dataset_version}",
+            f"{dataset_id}:{dataset_version}",
             enabled=self.show_progress,
             total=source.cardinality,
         )
