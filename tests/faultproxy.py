@@ -14,7 +14,9 @@ otherwise. Rules match a method and/or a substring of the request target and act
   Content-Length) but only the first ``after_bytes`` bytes of the body, and close.
 - ``reset``: close the client's connection with SO_LINGER 0 (a TCP RST) without forwarding.
 
-Every request is recorded in ``proxy.log`` (method, target, what was done, status sent).
+Every request is recorded in ``proxy.log`` (method, target, what was done, status sent) *before*
+the response goes out, so a client that has seen a response always finds its request in the log
+(recording after sending raced the client's next step under load).
 Standard library only; one thread per client connection, one upstream connection per request.
 """
 
@@ -276,6 +278,7 @@ class FaultProxy:
             return False
         if rule is not None and rule.action == "status":
             payload = rule.body if rule.body is not None else s3_error_body(rule.status)
+            self._record(method, target, "status", rule.status)
             self._send(
                 conn,
                 method,
@@ -284,7 +287,6 @@ class FaultProxy:
                 [("Content-Type", rule.content_type), ("Content-Length", str(len(payload)))],
                 payload,
             )
-            self._record(method, target, "status", rule.status)
             return keep_alive
         if rule is not None and rule.action == "delay":
             if not self._wait_or_client_gone(conn, rule.seconds):
@@ -294,12 +296,12 @@ class FaultProxy:
         status, reason, response_headers, data = self._forward(method, target, headers, body)
         if rule is not None and rule.action == "truncate":
             cut = data[: rule.after_bytes]
-            self._send(conn, method, status, reason, response_headers, cut)
             self._record(method, target, "truncate", status)
+            self._send(conn, method, status, reason, response_headers, cut)
             conn.shutdown(socket.SHUT_RDWR)
             return False
-        self._send(conn, method, status, reason, response_headers, data)
         self._record(method, target, "delay" if rule is not None else "forwarded", status)
+        self._send(conn, method, status, reason, response_headers, data)
         return keep_alive
 
     @staticmethod

@@ -121,7 +121,7 @@ def test_ls_shows_where_each_cache_lives_and_whether_the_copy_is_current(any_rem
     assert table.returncode == 0, table.stderr
     lines = table.stdout.splitlines()
     header = lines[0].split()
-    assert header[:4] == ["DATASET", "VERSION", "RECORDS", "SIZE"]
+    assert header[:4] == ["DATASET", "VERSION", "RECORDS", "DISK"]
     assert "WHERE" in header and "LOCAL" in header
 
     def row(dataset_id: str) -> list[str]:
@@ -319,7 +319,7 @@ def test_rm_refuses_unsafe_names(populated: Remote) -> None:
 # -- progress ------------------------------------------------------------------------------------
 PROGRESS = re.compile(
     r"(?P<what>uploading|downloading) mnist:v1: (?P<done>[\d.]+ \w+) of (?P<total>[\d.]+ \w+) "
-    r"\([\d.]+ \w+/s, ETA [^)]+\)"
+    r"(\([\d.]+ \w+/s, ETA [^)]+\)|transferred, finishing \([^)]+\)|in [^(]+ \([\d.]+ \w+/s, done\))"
 )
 
 

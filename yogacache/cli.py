@@ -1,39 +1,188 @@
-"""The ``yogacache`` command: list, inspect, verify, remove, pull and push caches."""
+"""The ``yogacache`` command: list, inspect, verify, remove, build, pull and push caches."""
 
 from __future__ import annotations
 
 import argparse
+import copy
 import datetime
+import difflib
+import importlib
+import importlib.util
 import json
 import logging
 import os
+import shutil
+import signal
 import sys
-from typing import Any, Optional, Sequence
+import threading
+from pathlib import Path
+from types import FrameType
+from typing import Any, Callable, Optional, Sequence
 
-from yogacache.errors import ConfigError, YogaCacheError
+from yogacache import progress
+from yogacache.errors import CacheNotFoundError, ConfigError, YogaCacheError
 from yogacache.format.manifest import Manifest
+from yogacache.format.spec import Spec, TensorSpec
 from yogacache.progress import format_bytes
 from yogacache.store import CacheEntry, Store, open_store
-from yogacache.store.local import default_cache_root
+from yogacache.store.local import CacheStore, default_cache_root
 from yogacache.version import __version__
 
 STORAGE_ENV = "YOGACACHE_STORAGE"
 
+EXAMPLES = f"""\
+examples:
+  yogacache ls                                   caches in the local default store
+  yogacache --storage s3://bucket/caches ls      published caches and this node's copies
+  yogacache ls --storage gs://bucket/caches --json
+  yogacache info mnist v1_train                  records, sizes, element spec
+  yogacache build mnist v1 my_project.data:make_dataset
+  yogacache push mnist v1 --storage s3://bucket/caches
+  yogacache pull mnist v1 --storage data_layer.yaml
+  yogacache rm mnist v1 --remote --storage s3://bucket/caches
 
+--storage takes a directory, an s3://bucket/prefix or gs://bucket/prefix URL, a file:// URL, or
+a JSON/YAML file holding Determined's data_layer mapping; default ${STORAGE_ENV}, else the local
+default store ({default_cache_root()}). Global options go before or after the command.
+"""
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised in the main thread like Ctrl-C so that the same cleanup runs."""
+
+
+def _on_signal(signum: int, frame: Optional[FrameType]) -> None:
+    """Ctrl-C and SIGTERM: silence progress (transfer threads winding down print nothing more),
+    then raise in the main thread so that every ``finally`` and ``with`` cleans up."""
+    progress.mute_all()
+    if signum == signal.SIGTERM:
+        raise Terminated()
+    raise KeyboardInterrupt()
+
+
+# -- opening the store -------------------------------------------------------------------------
 def open_cli_store(
-    storage: Optional[str], endpoint_url: Optional[str] = None, local_cache: Optional[str] = None
+    storage: Optional[str],
+    endpoint_url: Optional[str] = None,
+    local_cache: Optional[str] = None,
+    must_exist: bool = True,
 ) -> Store:
-    """The store named by ``--storage``, ``$YOGACACHE_STORAGE`` or the local default."""
+    """The store named by ``--storage``, ``$YOGACACHE_STORAGE`` or the local default; a local
+    directory named explicitly must exist unless ``must_exist`` is false (a build creates it)."""
     target = storage or os.environ.get(STORAGE_ENV) or None
-    return open_store(target, endpoint_url=endpoint_url, local_cache=local_cache)
+    store = open_store(target, endpoint_url=endpoint_url, local_cache=local_cache)
+    if must_exist and target is not None and "://" not in target and store.remote_url is None:
+        # A directory named explicitly must exist: a typo is an error, not "no caches".
+        if not Path(target).expanduser().exists():
+            raise ConfigError(f"storage {target} does not exist (not a directory or a config file)")
+        if not store.root.is_dir():
+            raise ConfigError(f"storage directory {store.root} does not exist")
+    return store
 
 
-def _created(manifest: Manifest) -> str:
+# -- formatting --------------------------------------------------------------------------------
+def _created(manifest: Manifest, seconds: bool = True) -> str:
     try:
         moment = datetime.datetime.fromisoformat(manifest.created_at)
     except ValueError:
         return manifest.created_at
-    return moment.astimezone(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+    return moment.astimezone(datetime.timezone.utc).strftime(
+        "%Y-%m-%d %H:%M:%S UTC" if seconds else "%Y-%m-%d %H:%M UTC"
+    )
+
+
+def _shape(shape: Optional[tuple[Optional[int], ...]]) -> str:
+    if shape is None:
+        return "any shape"
+    if not shape:
+        return "scalar"
+    return "(" + ", ".join("?" if d is None else str(d) for d in shape) + ("," if len(shape) == 1 else "") + ")"
+
+
+def spec_lines(spec: Spec, name: str = "") -> list[tuple[str, str, str]]:
+    """``(path, dtype, shape)`` per leaf: ``image uint8 (28, 28)``, ``pair[0] int64 scalar``."""
+    if isinstance(spec, TensorSpec):
+        return [(name or "(element)", spec.dtype, _shape(spec.shape))]
+    rows: list[tuple[str, str, str]] = []
+    if isinstance(spec, dict):
+        for key in sorted(spec):
+            rows += spec_lines(spec[key], f"{name}.{key}" if name else key)
+    else:
+        for index, item in enumerate(spec):
+            rows += spec_lines(item, f"{name}[{index}]")
+    return rows
+
+
+def _columns() -> Optional[int]:
+    """The width tables must fit: ``$COLUMNS``, the terminal's, or none when piped."""
+    if os.environ.get("COLUMNS", "").isdigit():
+        return int(os.environ["COLUMNS"])
+    if sys.stdout.isatty():
+        return shutil.get_terminal_size().columns
+    return None
+
+
+def shorten_path(path: str, width: int) -> str:
+    """``.../on/mnist/v1``: the end of a path (what tells caches apart) within ``width``."""
+    home = str(Path.home())
+    if home not in ("", "/") and (path == home or path.startswith(home + "/")):
+        path = "~" + path[len(home) :]
+    if len(path) <= width:
+        return path
+    tail = path[-(width - 3) :]
+    cut = tail.find("/")
+    return "..." + (tail[cut:] if 0 <= cut < len(tail) - 8 else tail)
+
+
+def print_table(
+    header: list[str],
+    rows: list[list[str]],
+    *,
+    right: Sequence[str] = (),
+    fold: Sequence[str] = (),
+    path: Optional[str] = None,
+    dates: Sequence[str] = (),
+) -> None:
+    """A plain table fitted to the terminal: ``right`` columns right-aligned, the ``path`` column
+    shortened from the left, ``fold`` columns wrapped within their column when a line would
+    not fit."""
+    from rich.console import Console
+    from rich.table import Table
+
+    width = _columns()
+    natural = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
+    limits: list[Optional[int]] = [None] * len(header)
+    if width is not None and sum(natural) + 2 * (len(header) - 1) > width:
+        # Too wide: dates lose their time, names fold within 14 columns, the path keeps its
+        # end, numbers stay whole.
+        for i, name in enumerate(header):
+            if name in dates:
+                rows = [r[:i] + [r[i][:10]] + r[i + 1 :] for r in rows]
+                natural[i] = max(len(name), 10)
+        limits = [min(n, 14) if name in fold and name != path else None for name, n in zip(header, natural)]
+        if path is not None:
+            index = header.index(path)
+            others = sum((limit or n) + 2 for i, (limit, n) in enumerate(zip(limits, natural)) if i != index)
+            budget = max(16, width - others)
+            rows = [r[:index] + [shorten_path(r[index], budget)] + r[index + 1 :] for r in rows]
+            limits[index] = budget
+    console = Console(width=width or 10_000, highlight=False, soft_wrap=False, emoji=False, markup=False)
+    table = Table(box=None, pad_edge=False, show_edge=False, header_style="bold", padding=(0, 2, 0, 0))
+    for name, limit in zip(header, limits):
+        table.add_column(
+            name,
+            justify="right" if name in right else "left",
+            overflow="fold",
+            no_wrap=name not in fold,
+            min_width=min(len(name), limit or len(name)),
+            max_width=limit,
+        )
+    for row in rows:
+        table.add_row(*row)
+    with console.capture() as captured:
+        console.print(table)
+    for line in captured.get().splitlines():
+        print(line.rstrip())
 
 
 def _row(entry: CacheEntry) -> dict[str, Any]:
@@ -42,7 +191,8 @@ def _row(entry: CacheEntry) -> dict[str, Any]:
         "dataset_id": entry.dataset_id,
         "dataset_version": entry.dataset_version,
         "records": manifest.num_records if manifest else None,
-        "size_bytes": manifest.total_size_bytes if manifest else None,
+        "size_bytes": manifest.total_size_bytes if manifest else None,  # on disk (LMDB files)
+        "record_bytes": manifest.num_bytes if manifest else None,  # encoded record data
         "created_at": manifest.created_at if manifest else None,
         "build_id": manifest.build_id if manifest else None,
         "where": entry.where,
@@ -54,8 +204,26 @@ def _row(entry: CacheEntry) -> dict[str, Any]:
     }
 
 
+# -- commands ----------------------------------------------------------------------------------
+def _list(store: Store) -> tuple[list[CacheEntry], Optional[str]]:
+    """Every cache, and a note when only part of them could be listed.
+
+    Stores mark an unreadable cache in its entry; should a remote listing still fail as a
+    whole, the local copies are listed, with the reason.
+    """
+    try:
+        return store.list(), None
+    except YogaCacheError as error:
+        local = getattr(store, "local", None)
+        if store.remote_url is None or not isinstance(local, CacheStore):
+            raise
+        return local.list(), f"listing {store.remote_url} failed ({error}); showing the local copies only"
+
+
 def cmd_ls(store: Store, args: argparse.Namespace) -> int:
-    entries = store.list()
+    entries, note = _list(store)
+    if note:
+        print(f"yogacache: warning: {note}", file=sys.stderr)
     if args.json:
         print(json.dumps([_row(entry) for entry in entries], indent=2))
         return 0
@@ -64,31 +232,38 @@ def cmd_ls(store: Store, args: argparse.Namespace) -> int:
         print(f"no caches {beyond}{store.root}")
         return 0
     published = store.remote_url is not None
-    header = ["DATASET", "VERSION", "RECORDS", "SIZE", "CREATED", "WHERE"] + (["LOCAL COPY"] if published else [])
-    table = [header]
+    header = ["DATASET", "VERSION", "RECORDS", "DISK", "CREATED"] + (["WHERE", "LOCAL COPY"] if published else ["PATH"])
+    rows, problems = [], []
     for entry in entries:
         manifest = entry.manifest
-        where = entry.where if published else f"{entry.where} {entry.local_path}"
+        if manifest is None or entry.error:
+            problems.append(entry)
         if manifest is None:
-            row = [entry.dataset_id, entry.dataset_version, "?", "?", "unreadable", where]
+            row = [entry.dataset_id, entry.dataset_version, "?", "?", f"unreadable [{len(problems)}]"]
         else:
             row = [
                 entry.dataset_id,
                 entry.dataset_version,
                 f"{manifest.num_records:,}",
                 format_bytes(manifest.total_size_bytes),
-                _created(manifest),
-                where,
+                _created(manifest, seconds=False) + (f" [{len(problems)}]" if entry.error else ""),
             ]
-        table.append(row + ([entry.copy_state] if published else []))
-    _print_table(table)
+        if published:
+            row += [entry.where, entry.copy_state]
+        else:
+            row += [str(entry.local_path) if entry.local_path else ""]
+        rows.append(row)
+    print_table(
+        header,
+        rows,
+        right=("RECORDS", "DISK"),
+        fold=("DATASET", "VERSION", "PATH"),
+        path=None if published else "PATH",
+        dates=("CREATED",),
+    )
+    for number, entry in enumerate(problems, 1):
+        print(f"[{number}] {entry.dataset_id} {entry.dataset_version}: {entry.error or 'manifest unreadable'}")
     return 0
-
-
-def _print_table(table: list[list[Any]]) -> None:
-    widths = [max(len(str(r[i])) for r in table) for i in range(len(table[0]))]
-    for r in table:
-        print("  ".join(str(c).ljust(w) for c, w in zip(r, widths)).rstrip())
 
 
 def cmd_info(store: Store, args: argparse.Namespace) -> int:
@@ -96,15 +271,22 @@ def cmd_info(store: Store, args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(manifest.to_json(), indent=2))
         return 0
-    print(f"dataset:   {manifest.dataset_id}")
-    print(f"version:   {manifest.dataset_version}")
-    print(f"path:      {store.location(args.dataset_id, args.version)}")
-    print(f"records:   {manifest.num_records:,}")
-    print(f"size:      {format_bytes(manifest.total_size_bytes)} in {len(manifest.parts)} part(s)")
-    print(f"created:   {_created(manifest)}")
-    print(f"build id:  {manifest.build_id}")
-    print(f"writer:    {manifest.writer_version} (format {manifest.format_version}, from {manifest.source})")
-    print("element:   " + json.dumps(manifest.to_json()["element_spec"]))
+    print(f"dataset:     {manifest.dataset_id}")
+    print(f"version:     {manifest.dataset_version}")
+    print(f"location:    {store.location(args.dataset_id, args.version)}")
+    print(f"records:     {manifest.num_records:,}")
+    average = format_bytes(manifest.average_record_bytes)
+    print(f"record data: {format_bytes(manifest.num_bytes)} (encoded records, {average} each on average)")
+    print(f"on disk:     {format_bytes(manifest.total_size_bytes)} in {len(manifest.parts)} LMDB part file(s)")
+    print(f"created:     {_created(manifest)}")
+    print(f"build id:    {manifest.build_id}")
+    print(f"writer:      {manifest.writer_version} (format {manifest.format_version}, from {manifest.source})")
+    print("element:")
+    leaves = spec_lines(manifest.element_spec)
+    width = max(len(path) for path, _, _ in leaves)
+    dtype_width = max(len(dtype) for _, dtype, _ in leaves)
+    for path, dtype, shape in leaves:
+        print(f"  {path.ljust(width)}  {dtype.ljust(dtype_width)}  {shape}")
     return 0
 
 
@@ -117,20 +299,28 @@ def cmd_verify(store: Store, args: argparse.Namespace) -> int:
     return 0
 
 
+def _local_copy_path(store: Store, dataset_id: str, version: str) -> Path:
+    return store.root / dataset_id / version
+
+
 def cmd_rm(store: Store, args: argparse.Namespace) -> int:
     if args.remote and store.remote_url is None:
         raise ConfigError("--remote needs a remote storage (s3://, gs:// or an s3/gcs config)")
     remote = args.remote
     local = args.local or not args.remote
     manifest = store.manifest(args.dataset_id, args.version)
-    path = store.location(args.dataset_id, args.version)
-    if store.remote_url is not None:
-        where = " and ".join(w for w, flag in (("remote cache", remote), ("local copy", local)) if flag)
-        path = f"{path} ({where})"
+    targets = []
+    if remote:
+        targets.append(f"the published cache {store.location(args.dataset_id, args.version)}")
+    if local:
+        what = "the local copy " if store.remote_url is not None else ""
+        targets.append(f"{what}{_local_copy_path(store, args.dataset_id, args.version)}")
+    target_text = " and ".join(targets)
     if not args.yes:
         question = (
-            f"Remove cache {args.dataset_id} {args.version} at {path} "
-            f"({manifest.num_records:,} records, {format_bytes(manifest.total_size_bytes)})? [y/N] "
+            f"Remove cache {args.dataset_id} {args.version} "
+            f"({manifest.num_records:,} records, {format_bytes(manifest.total_size_bytes)}): "
+            f"delete {target_text}? [y/N] "
         )
         try:
             answer = input(question)
@@ -140,7 +330,7 @@ def cmd_rm(store: Store, args: argparse.Namespace) -> int:
             print("not removed (pass -y to skip this question)", file=sys.stderr)
             return 1
     store.remove(args.dataset_id, args.version, remote=remote, local=local)
-    print(f"removed {args.dataset_id} {args.version} ({path})")
+    print(f"removed {args.dataset_id} {args.version}: {target_text}")
     return 0
 
 
@@ -151,7 +341,8 @@ def cmd_pull(store: Store, args: argparse.Namespace) -> int:
 
 
 def cmd_push(store: Store, args: argparse.Namespace) -> int:
-    manifest = store.push(args.dataset_id, args.version)
+    publisher = _publisher(store, args)
+    manifest = publisher.push(args.dataset_id, args.version)
     print(
         f"published {args.dataset_id} {args.version} ({manifest.num_records:,} records) to "
         f"{store.location(args.dataset_id, args.version)}"
@@ -159,45 +350,230 @@ def cmd_push(store: Store, args: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="yogacache", description="Manage yogacache dataset caches.")
-    parser.add_argument("--version", action="version", version=f"yogacache {__version__}")
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument(
-        "--storage",
-        help="cache directory or config file (JSON/YAML with a data_layer mapping); "
-        f"default ${STORAGE_ENV}, else {default_cache_root()}",
-    )
-    common.add_argument("--endpoint-url", help="S3 endpoint URL (default: $AWS_ENDPOINT_URL or AWS)")
-    common.add_argument(
-        "--local-cache", help="root of node-local copies of remote caches (default: the local default)"
-    )
-    common.add_argument("-v", "--verbose", action="store_true", help="log what happens")
-    sub = parser.add_subparsers(dest="command", required=True)
-
-    ls = sub.add_parser("ls", parents=[common], help="list caches")
-    ls.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    ls.set_defaults(run=cmd_ls)
-
-    for name, run, help_text in (
-        ("info", cmd_info, "show a cache's manifest summary"),
-        ("verify", cmd_verify, "re-hash a cache's parts (exit 1 on mismatch)"),
-        ("rm", cmd_rm, "remove one cache (remote storages: the local copy, --remote, or both)"),
-        ("pull", cmd_pull, "download (or refresh) the local copy of a remote cache"),
-        ("push", cmd_push, "publish a local cache to the remote storage"),
-    ):
-        command = sub.add_parser(name, parents=[common], help=help_text)
-        command.add_argument("dataset_id")
-        command.add_argument("version")
-        if name == "rm":
-            command.add_argument("-y", "--yes", action="store_true", help="do not ask for confirmation")
-            command.add_argument("--remote", action="store_true", help="remove the published cache")
-            command.add_argument(
-                "--local", action="store_true", help="remove the local copy (default without --remote)"
+def _publisher(store: Store, args: argparse.Namespace) -> Store:
+    """The store that publishes: the remote store, reading the local cache from ``--from`` or,
+    when the remote store's local copies do not hold it, from the local default store (where
+    ``yogacache ls`` without ``--storage`` finds it)."""
+    local = getattr(store, "local", None)
+    if store.remote_url is None or not isinstance(local, CacheStore):
+        return store
+    if args.source:
+        source = CacheStore(Path(args.source))
+        if not source.root.is_dir():
+            raise ConfigError(f"--from directory {source.root} does not exist")
+    elif local.exists(args.dataset_id, args.version):
+        return store
+    else:
+        source = CacheStore(default_cache_root())
+        if not source.exists(args.dataset_id, args.version):
+            raise CacheNotFoundError(
+                f"no local cache {args.dataset_id} {args.version} to push: looked under {local.root} "
+                f"and {source.root} (use --from DIR for another directory)"
             )
-        if name == "info":
-            command.add_argument("--json", action="store_true", help="print the manifest as JSON")
-        command.set_defaults(run=run)
+    publisher = copy.copy(store)
+    publisher.local = source  # type: ignore[attr-defined]
+    return publisher
+
+
+def load_callable(spec: str) -> Callable[[], Any]:
+    """``package.module:function`` or ``path/to/file.py:function``."""
+    module_name, _, attribute = spec.rpartition(":")
+    if not module_name or not attribute:
+        raise ConfigError(f"expected MODULE:FUNCTION or FILE.py:FUNCTION, got {spec!r}")
+    try:
+        if module_name.endswith(".py"):
+            path = Path(module_name).expanduser()
+            if not path.is_file():
+                raise ConfigError(f"no such file: {path}")
+            module_spec = importlib.util.spec_from_file_location(path.stem, path)
+            if module_spec is None or module_spec.loader is None:
+                raise ConfigError(f"cannot import {path}")
+            module = importlib.util.module_from_spec(module_spec)
+            sys.path.insert(0, str(path.resolve().parent))
+            module_spec.loader.exec_module(module)
+        else:
+            sys.path.insert(0, os.getcwd())
+            module = importlib.import_module(module_name)
+    except ModuleNotFoundError as error:
+        raise ConfigError(f"cannot import {module_name!r}: {error}") from error
+    function = getattr(module, attribute, None)
+    if not callable(function):
+        raise ConfigError(f"{module_name} has no function {attribute!r}")
+    return function  # type: ignore[no-any-return]
+
+
+def cmd_build(store: Store, args: argparse.Namespace) -> int:
+    make_data = load_callable(args.function)
+    manifest = store.build(args.dataset_id, args.version, make_data())
+    print(
+        f"built {args.dataset_id} {args.version}: {manifest.num_records:,} records, "
+        f"{format_bytes(manifest.total_size_bytes)} on disk, at {store.location(args.dataset_id, args.version)}"
+    )
+    return 0
+
+
+# -- errors ------------------------------------------------------------------------------------
+def _suggestions(store: Store, dataset_id: str, version: str) -> list[str]:
+    """Caches whose names are close to the one asked for (``n20000`` -> ``n20000_train``)."""
+    try:
+        entries = store.list()
+    except Exception:  # a suggestion is a courtesy: never let it hide the real error
+        return []
+    versions = [e.dataset_version for e in entries if e.dataset_id == dataset_id]
+    if versions:
+        close = [v for v in versions if v.startswith(version) and v != version]
+        close += [v for v in difflib.get_close_matches(version, versions, n=4, cutoff=0.6) if v not in close]
+        return [f"{dataset_id} {v}" for v in close[:4]]
+    ids = sorted({e.dataset_id for e in entries})
+    return [
+        f"{i} {version}"
+        for i in difflib.get_close_matches(dataset_id, ids, n=4, cutoff=0.6)
+        if any(e.dataset_id == i and e.dataset_version == version for e in entries)
+    ] or [f"{i} ..." for i in difflib.get_close_matches(dataset_id, ids, n=3, cutoff=0.6)]
+
+
+def _not_found_message(store: Store, args: argparse.Namespace, error: CacheNotFoundError) -> str:
+    dataset_id, version = getattr(args, "dataset_id", None), getattr(args, "version", None)
+    if dataset_id is None or version is None:
+        return str(error)
+    try:
+        where = store.location(dataset_id, version)
+    except YogaCacheError:
+        return str(error)
+    # About a remote cache: name the remote, not the local copies' directory.
+    about_remote = args.command in ("info", "pull") or (args.command == "rm" and args.remote)
+    if store.remote_url is not None and about_remote:
+        message = f"no cache {dataset_id} {version} at {where}"
+    else:
+        message = str(error)
+    suggestions = _suggestions(store, dataset_id, version)
+    if suggestions:
+        message += "; did you mean: " + ", ".join(suggestions) + "?"
+    return message
+
+
+def _missing_library(error: ImportError) -> str:
+    text = str(error)
+    if "pip install" in text:
+        return text
+    name = error.name or text
+    return f"a library this needs is not installed ({name}): {text}"
+
+
+# -- the parser --------------------------------------------------------------------------------
+def _add_global_options(parser: argparse.ArgumentParser, *, suppress: bool) -> None:
+    """``--storage`` and friends; a subcommand's copies default to SUPPRESS so that options given
+    before the subcommand are not reset by it."""
+
+    def default(value: Any) -> Any:
+        return argparse.SUPPRESS if suppress else value
+
+    parser.add_argument(
+        "--storage",
+        default=default(None),
+        metavar="DIR|URL|FILE",
+        help="where caches are: a directory, s3://bucket/prefix, gs://bucket/prefix, file:///path, "
+        f"or a JSON/YAML data_layer config file (default ${STORAGE_ENV}, else {default_cache_root()})",
+    )
+    parser.add_argument(
+        "--endpoint-url", default=default(None), help="S3 endpoint URL (default: $AWS_ENDPOINT_URL or AWS)"
+    )
+    parser.add_argument(
+        "--local-cache",
+        default=default(None),
+        metavar="DIR",
+        help="root of node-local copies of remote caches (default: the local default store)",
+    )
+    parser.add_argument("-v", "--verbose", action="store_true", default=default(False), help="log what happens")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="yogacache",
+        description="Manage yogacache dataset caches: local directories, S3 (s3://) and GCS (gs://).",
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"yogacache {__version__}")
+    _add_global_options(parser, suppress=False)
+    common = argparse.ArgumentParser(add_help=False)
+    _add_global_options(common, suppress=True)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def command(
+        name: str, run: Callable[[Store, argparse.Namespace], int], help_text: str, epilog: str = ""
+    ) -> argparse.ArgumentParser:
+        made = sub.add_parser(
+            name,
+            parents=[common],
+            help=help_text,
+            description=help_text,
+            epilog=epilog or None,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+        made.set_defaults(run=run)
+        return made
+
+    def cache_arguments(made: argparse.ArgumentParser) -> None:
+        made.add_argument("dataset_id")
+        made.add_argument("version")
+
+    ls = command(
+        "ls",
+        cmd_ls,
+        "list caches",
+        "examples:\n  yogacache ls\n  yogacache ls --storage s3://bucket/caches --endpoint-url http://localhost:9000\n"
+        "\nRECORDS: records in the cache; DISK: bytes of its LMDB files. A cache whose manifest\n"
+        "cannot be read is listed with a number pointing to the reason below the table.",
+    )
+    ls.add_argument("--json", action="store_true", help="print JSON instead of a table")
+
+    info = command(
+        "info", cmd_info, "show a cache's records, sizes and element spec", "example:\n  yogacache info mnist v1"
+    )
+    cache_arguments(info)
+    info.add_argument("--json", action="store_true", help="print the manifest as JSON")
+
+    verify = command("verify", cmd_verify, "re-hash a cache's parts (exit 1 on mismatch)")
+    cache_arguments(verify)
+
+    rm = command(
+        "rm",
+        cmd_rm,
+        "remove one cache (remote storages: the local copy, --remote, or both)",
+        "examples:\n  yogacache rm mnist v1\n  yogacache rm mnist v1 --remote --local -y --storage s3://bucket/caches",
+    )
+    cache_arguments(rm)
+    rm.add_argument("-y", "--yes", action="store_true", help="do not ask for confirmation")
+    rm.add_argument("--remote", action="store_true", help="remove the published cache")
+    rm.add_argument("--local", action="store_true", help="remove the local copy (default without --remote)")
+
+    build = command(
+        "build",
+        cmd_build,
+        "build (or rebuild) a cache from a function returning a dataset",
+        "example:\n  yogacache build mnist v1 my_project.data:make_dataset\n  yogacache build mnist v1 data.py:make",
+    )
+    cache_arguments(build)
+    build.add_argument(
+        "function",
+        metavar="MODULE:FUNCTION",
+        help="a function taking no arguments that returns a tf.data.Dataset, torch dataset or iterable",
+    )
+
+    pull = command("pull", cmd_pull, "download (or refresh) the local copy of a remote cache")
+    cache_arguments(pull)
+
+    push = command(
+        "push",
+        cmd_push,
+        "publish a local cache to the remote storage",
+        "The cache is taken from the remote storage's local copies, else from the local default\n"
+        f"store ({default_cache_root()}), or from --from DIR.\n\n"
+        "example:\n  yogacache push mnist v1 --storage s3://bucket/caches",
+    )
+    cache_arguments(push)
+    push.add_argument("--from", dest="source", metavar="DIR", help="the cache directory to publish from")
     return parser
 
 
@@ -207,14 +583,45 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(message)s")
     # Progress: a live line on a terminal, log lines otherwise (CI, pipes).
     logging.getLogger("yogacache.progress").setLevel(logging.INFO)
+    previous: dict[int, Any] = {}
+    if threading.current_thread() is threading.main_thread():  # signals reach the main thread only
+        for wanted in (signal.SIGINT, signal.SIGTERM):
+            if signal.getsignal(wanted) is not signal.SIG_IGN:  # nohup'd, or in the background
+                previous[wanted] = signal.signal(wanted, _on_signal)
+    store: Optional[Store] = None
     try:
-        store = open_cli_store(args.storage, args.endpoint_url, args.local_cache)
+        store = open_cli_store(args.storage, args.endpoint_url, args.local_cache, must_exist=args.command != "build")
         return int(args.run(store, args))
+    except KeyboardInterrupt as interrupt:
+        progress.close_all()
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C while we finish changes nothing
+            previous.pop(signal.SIGINT, None)
+        what = "terminated (SIGTERM)" if isinstance(interrupt, Terminated) else "interrupted"
+        outcome = {
+            "build": "nothing was cached",
+            "pull": "the local copy is as it was",
+            "push": "nothing was published",
+            "rm": "see what is left with yogacache ls",
+        }.get(args.command, "nothing was changed")
+        print(f"yogacache: {what}: {args.command} stopped, {outcome}", file=sys.stderr)
+        return 143 if isinstance(interrupt, Terminated) else 130
+    except CacheNotFoundError as error:
+        progress.close_all()
+        message = _not_found_message(store, args, error) if store is not None else str(error)
+        print(f"yogacache: error: {message}", file=sys.stderr)
+        return 1
     except (YogaCacheError, OSError) as error:
+        progress.close_all()
         print(f"yogacache: error: {error}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
-        return 130
+    except ImportError as error:
+        progress.close_all()
+        print(f"yogacache: error: {_missing_library(error)}", file=sys.stderr)
+        return 1
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
 if __name__ == "__main__":  # pragma: no cover

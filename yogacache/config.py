@@ -2,12 +2,22 @@
 
 from __future__ import annotations
 
+import difflib
 import json
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Mapping, Optional, Union
 
 from yogacache.errors import ConfigError
+
+
+def _explain_unknown(unknown: list[Any], allowed: set[str]) -> str:
+    """``hots_storage_path (did you mean host_storage_path?)``, and the valid keys."""
+    parts = []
+    for key in unknown:
+        close = difflib.get_close_matches(str(key), sorted(allowed), n=1, cutoff=0.6)
+        parts.append(f"{key} (did you mean {close[0]}?)" if close else str(key))
+    return "; ".join(parts) + f"; valid keys: {', '.join(sorted(allowed))}"
 
 
 def _optional_abs_path(raw: Mapping[str, Any], key: str) -> Optional[str]:
@@ -108,12 +118,14 @@ def parse_config(raw: Union[Mapping[str, Any], StorageConfig, None]) -> Optional
         raise ConfigError(f"data_layer config must be a mapping, got {type(raw).__name__}")
     kind = raw.get("type")
     if kind not in _TYPES:
-        raise ConfigError(f"data_layer.type must be one of {sorted(_TYPES)}, got {kind!r}")
+        close = difflib.get_close_matches(str(kind), list(_TYPES), n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ConfigError(f"data_layer.type must be one of {sorted(_TYPES)}, got {kind!r}{hint}")
     cls = _TYPES[kind]
     allowed = {f.name for f in fields(cls)} | {"type"}
-    unknown = sorted(set(raw) - allowed)
+    unknown = sorted(set(raw) - allowed, key=str)
     if unknown:
-        raise ConfigError(f"unknown data_layer keys for type {kind!r}: {', '.join(map(str, unknown))}")
+        raise ConfigError(f"unknown data_layer keys for type {kind!r}: {_explain_unknown(unknown, allowed)}")
     if cls is SharedFSConfig:
         return SharedFSConfig(
             host_storage_path=_optional_abs_path(raw, "host_storage_path"),

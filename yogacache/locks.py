@@ -13,10 +13,11 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
+import socket
 import time
 from pathlib import Path
 from types import TracebackType
-from typing import Optional
+from typing import Callable, Optional
 
 from yogacache.errors import YogaCacheError
 from yogacache.safefs import PUBLIC_FILE_MODE, make_directories, open_directory
@@ -40,26 +41,41 @@ class FileLock:
     ``prune_parent``: on release, also remove the lock's directory when nothing else is left in
     it (a cache id's directory after its last version went). Only for directories whose
     creators always take this lock first, since it may vanish between their mkdir and use.
+
+    The holder writes ``HOST:PID`` into the lock file, so that a process that has to wait can
+    say for whom: ``on_wait(holder)`` is called once, before waiting.
     """
 
     def __init__(
-        self, path: Path, timeout: Optional[float] = None, poll: float = 0.05, *, prune_parent: bool = False
+        self,
+        path: Path,
+        timeout: Optional[float] = None,
+        poll: float = 0.05,
+        on_wait: Optional[Callable[[Optional[str]], None]] = None,
+        *,
+        prune_parent: bool = False,
     ) -> None:
         self.path = Path(path)
         self.timeout = timeout
         self.poll = poll
         self.prune_parent = prune_parent
+        self.on_wait = on_wait
         self._fd: Optional[int] = None
         self._dir_fd: Optional[int] = None
 
     def acquire(self) -> None:
         deadline = None if self.timeout is None else time.monotonic() + self.timeout
+        announced = self.on_wait is None
         while True:
             dir_fd, fd = self._open()
             try:
+                if not announced and not _try_lock(fd):
+                    announced = True
+                    self.on_wait(_holder(fd))  # type: ignore[misc]
                 self._flock(fd, deadline)
                 if self._is_current(dir_fd, fd):
                     self._dir_fd, self._fd = dir_fd, fd
+                    _write_holder(fd)
                     return
             except BaseException:
                 os.close(fd)
@@ -157,3 +173,31 @@ class FileLock:
         tb: Optional[TracebackType],
     ) -> None:
         self.release()
+
+
+def _try_lock(fd: int) -> bool:
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as error:
+        if error.errno not in (errno.EAGAIN, errno.EACCES, errno.EINTR):
+            raise
+        return False
+    return True
+
+
+def _write_holder(fd: int) -> None:
+    """Writes ``HOST:PID`` into the held lock file, so that a waiter can say for whom it waits."""
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{socket.gethostname()}:{os.getpid()}\n".encode(), 0)
+    except OSError:  # a read-only descriptor (another user's lock file): who holds it is only for messages
+        pass
+
+
+def _holder(fd: int) -> Optional[str]:
+    """``HOST:PID`` of the process holding the lock, as it wrote it (None if unknown)."""
+    try:
+        text = os.pread(fd, 300, 0).decode("utf-8", "replace").strip()
+    except OSError:
+        return None
+    return text or None

@@ -23,7 +23,7 @@ from yogacache.format.writer import DEFAULT_PART_SIZE, BuildLimits, CacheWriter
 from yogacache.locks import FileLock
 from yogacache.malloc import keep_freed_memory
 from yogacache.names import validate_name, validate_version
-from yogacache.progress import Progress
+from yogacache.progress import Progress, waiter
 from yogacache.read.reader import CacheReader
 from yogacache.store.base import CacheEntry
 from yogacache.store.localroot import LocalRoot, check_root
@@ -86,12 +86,14 @@ class CacheStore:
         directory = self.cache_dir(dataset_id, dataset_version)
         return directory.parent / f".{directory.name}.lock"
 
-    def lock(self, dataset_id: str, dataset_version: str) -> FileLock:
+    def lock(
+        self, dataset_id: str, dataset_version: str, on_wait: Optional[Callable[[Optional[str]], None]] = None
+    ) -> FileLock:
         """The cache's build lock, its root checked and created first. Everything that writes
         under the root holds it; releasing it removes the lock file, and the id's directory
-        when no version is left in it."""
+        when no version is left in it. ``on_wait(holder)`` runs once if it has to wait."""
         self.check_root(create=True)
-        return FileLock(self.lock_path(dataset_id, dataset_version), prune_parent=True)
+        return FileLock(self.lock_path(dataset_id, dataset_version), on_wait=on_wait, prune_parent=True)
 
     def check_root(self, *, create: bool = False) -> bool:
         """Whether the root exists, creating it first if ``create``; ConfigError when it is
@@ -185,7 +187,7 @@ class CacheStore:
             return self.open(dataset_id, dataset_version)
         except CacheNotFoundError:
             pass
-        with self.lock(dataset_id, dataset_version):
+        with self.lock(dataset_id, dataset_version, on_wait=waiter(dataset_id, dataset_version)):
             if not self.exists(dataset_id, dataset_version):
                 self.build_locked(dataset_id, dataset_version, source_for(make_data()))
         return self.open(dataset_id, dataset_version)
@@ -195,8 +197,9 @@ class CacheStore:
         target = self.cache_dir(dataset_id, dataset_version)
         self.clean_leftovers(dataset_id, dataset_version)
         progress = Progress(
-            f"caching {dataset_id}:{dataset_version}",
+            f"{dataset_id}:{dataset_version}",
             enabled=self.show_progress,
+            total=source.cardinality,
         )
         limits = self.limits
         with CacheWriter(

@@ -49,7 +49,7 @@ from yogacache.format.integrity import Verify, file_identity, has_stamp, sha256_
 from yogacache.format.manifest import MANIFEST_NAME, Manifest, PartInfo
 from yogacache.format.sources import source_for
 from yogacache.format.writer import BuildLimits
-from yogacache.progress import TransferProgress
+from yogacache.progress import TransferProgress, waiter, waiting
 from yogacache.read.reader import CacheReader
 from yogacache.store.base import CacheEntry
 from yogacache.store.lease import Lease
@@ -248,7 +248,8 @@ class RemoteCacheStore:
     def sync(self, dataset_id: str, dataset_version: str, remote: Manifest) -> CacheReader:
         """Makes the local copy the published build ``remote`` (verified), then opens it."""
         if self._damaged_parts(dataset_id, dataset_version, remote) != []:
-            with self.local.lock(dataset_id, dataset_version):
+            downloader = waiter(dataset_id, dataset_version, "downloading")
+            with self.local.lock(dataset_id, dataset_version, on_wait=downloader):
                 self._sync_locked(dataset_id, dataset_version, remote)
         return self.local.open(dataset_id, dataset_version)
 
@@ -454,7 +455,7 @@ class RemoteCacheStore:
         remote = self.remote_manifest(dataset_id, dataset_version)
         if remote is not None:
             return self.sync(dataset_id, dataset_version, remote)
-        with self.local.lock(dataset_id, dataset_version):
+        with self.local.lock(dataset_id, dataset_version, on_wait=waiter(dataset_id, dataset_version)):
             self._build_or_wait_locked(dataset_id, dataset_version, make_data)
         return self.local.open(dataset_id, dataset_version)
 
@@ -488,9 +489,7 @@ class RemoteCacheStore:
                     lease.release()
                 continue
             if holder is not None and not announced:
-                log.info(
-                    "waiting for %s to finish building %s:%s", holder.owner, dataset_id, dataset_version
-                )
+                waiting(f"{dataset_id}:{dataset_version}", holder.owner)
                 announced = True
             if deadline is not None and time.monotonic() > deadline:
                 raise BuildWaitTimeoutError(

@@ -1,0 +1,63 @@
+"""``yogacache build ID VERSION MODULE:FUNCTION``: a cache from a function, into a directory
+that may not exist yet; mistakes in the function's name are one clear line."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from yogacache.store.local import CacheStore
+
+REPO = Path(__file__).resolve().parent.parent
+
+SOURCE = """
+import numpy as np
+
+def make():
+    return [{"i": np.int64(i), "x": np.full(3, i, np.float32)} for i in range(250)]
+
+not_a_function = 3
+"""
+
+
+def run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    return subprocess.run(
+        [sys.executable, "-m", "yogacache", *args], capture_output=True, text=True, env=env, cwd=cwd, timeout=120
+    )
+
+
+def test_build_from_a_file_and_from_a_module(tmp_path: Path) -> None:
+    (tmp_path / "my_data.py").write_text(SOURCE)
+    storage = tmp_path / "new" / "caches"  # created by the build
+    by_file = run_cli("build", "ds", "v1", str(tmp_path / "my_data.py") + ":make", "--storage", str(storage), cwd=REPO)
+    assert by_file.returncode == 0, by_file.stderr
+    assert "built ds v1: 250 records" in by_file.stdout and str(storage / "ds" / "v1") in by_file.stdout
+    by_module = run_cli("--storage", str(storage), "build", "ds", "v2", "my_data:make", cwd=tmp_path)
+    assert by_module.returncode == 0, by_module.stderr
+    store = CacheStore(storage)
+    assert [(e.dataset_version, e.manifest.num_records if e.manifest else None) for e in store.list()] == [
+        ("v1", 250),
+        ("v2", 250),
+    ]
+    assert store.verify("ds", "v2").num_records == 250
+
+
+def test_build_with_a_wrong_function_name_is_one_clear_line(tmp_path: Path) -> None:
+    (tmp_path / "my_data.py").write_text(SOURCE)
+    storage = tmp_path / "caches"
+    for spec, words in (
+        ("my_data:mkae", ["my_data", "mkae"]),
+        ("my_data:not_a_function", ["not_a_function"]),
+        ("no_such_module:make", ["no_such_module"]),
+        ("my_data", ["MODULE:FUNCTION"]),
+        (str(tmp_path / "missing.py") + ":make", ["missing.py"]),
+    ):
+        result = run_cli("build", "ds", "v1", spec, "--storage", str(storage), cwd=tmp_path)
+        assert result.returncode == 1, spec
+        lines = result.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("yogacache: error:"), result.stderr
+        assert all(word in lines[0] for word in words), lines[0]
+    assert not (storage / "ds" / "v1").exists()
