@@ -6,7 +6,7 @@ import functools
 from typing import Any, Callable, Mapping, Optional, Union
 
 from yogacache import launcher
-from yogacache.arguments import as_int
+from yogacache.arguments import as_int, skip_shuffle_flag
 from yogacache.config import StorageConfig, parse_config
 from yogacache.dataref import CacheDataRef
 from yogacache.format.integrity import Verify
@@ -146,6 +146,7 @@ class DataLayer:
         *,
         shuffle_mode: str = DEFAULT_SHUFFLE_MODE,
         returns: str = "tf",
+        skip_shuffle_end_of_epoch: Optional[bool] = None,
     ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
         """Decorates a function returning a dataset (tf.data, map-style torch, or any iterable);
         the result returns this rank's cached training shard (version ``<version>_train``,
@@ -155,7 +156,9 @@ class DataLayer:
         rank's records change from epoch to epoch; resume works with any number of ranks).
         ``returns`` picks what the decorated function returns: a ``tf.data.Dataset`` ("tf"),
         a ``yogacache.torch.CacheIterableDataset`` ("torch") or a ``Stream`` ("stream").
+        ``skip_shuffle_end_of_epoch`` is Determined's spelling of ``skip_shuffle_at_epoch_end``.
         """
+        skip_shuffle_at_epoch_end = skip_shuffle_flag(skip_shuffle_at_epoch_end, skip_shuffle_end_of_epoch)
         return self._decorate(
             dataset_id,
             dataset_version,

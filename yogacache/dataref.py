@@ -7,14 +7,17 @@ The facade: ``stream`` takes YogaDL's loose arguments and converts them once int
 from __future__ import annotations
 
 import abc
-from typing import Any, Callable, Mapping, Optional
+import os
+from pathlib import Path
+from typing import Any, Callable, Mapping, Optional, Union
 
+from yogacache.arguments import skip_shuffle_flag
 from yogacache.format.spec import Spec
 from yogacache.read.options import DEFAULT_SHUFFLE_MODE, ReadOptions
 from yogacache.read.pipeline import Stream, read_stream
 from yogacache.read.reader import CacheReader
 
-__all__ = ["CacheDataRef", "DataRef", "Storage", "Stream"]
+__all__ = ["CacheDataRef", "DataRef", "LMDBDataRef", "Storage", "Stream"]
 
 
 class DataRef(metaclass=abc.ABCMeta):
@@ -46,10 +49,10 @@ def _tf_structure(spec: Spec, what: str) -> Any:
 
 
 class CacheDataRef(DataRef):
-    """A DataRef over a sealed local cache."""
+    """A DataRef over a sealed local cache (given as its reader or its directory)."""
 
-    def __init__(self, reader: CacheReader) -> None:
-        self.reader = reader
+    def __init__(self, reader: Union[CacheReader, str, "os.PathLike[str]"]) -> None:
+        self.reader = reader if isinstance(reader, CacheReader) else CacheReader(Path(reader))
 
     @property
     def manifest(self) -> Any:
@@ -70,14 +73,16 @@ class CacheDataRef(DataRef):
         *,
         shuffle_mode: str = DEFAULT_SHUFFLE_MODE,
         resume_state: Optional[Mapping[str, Any]] = None,
+        skip_shuffle_end_of_epoch: Optional[bool] = None,
     ) -> Stream:
         """YogaDL's ``stream``, plus ``shuffle_mode="global"`` (each epoch one permutation of the
         whole dataset dealt out to the ranks, resumable with any number of ranks) and
-        ``resume_state`` (a ``Stream.state_dict`` result, instead of ``start_offset``)."""
+        ``resume_state`` (a ``Stream.state_dict`` result, instead of ``start_offset``).
+        ``skip_shuffle_end_of_epoch`` is Determined's spelling of ``skip_shuffle_at_epoch_end``."""
         options = ReadOptions.from_stream_args(
             start_offset,
             shuffle,
-            skip_shuffle_at_epoch_end,
+            skip_shuffle_flag(skip_shuffle_at_epoch_end, skip_shuffle_end_of_epoch),
             shuffle_seed,
             shard_rank,
             num_shards,
@@ -90,6 +95,11 @@ class CacheDataRef(DataRef):
     def open_stream(self, options: ReadOptions) -> Stream:
         """The stream ``options`` define (``stream`` with its arguments already converted)."""
         return read_stream(self.reader, options, spec_converter=_tf_structure)
+
+
+# YogaDL's name for the DataRef its storages return (``yogadl.dataref.LMDBDataRef``): programs
+# annotate with it and check ``isinstance`` on what ``fetch`` and ``cacheable`` return.
+LMDBDataRef = CacheDataRef
 
 
 class Storage(metaclass=abc.ABCMeta):

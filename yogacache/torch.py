@@ -30,6 +30,7 @@ except ImportError as error:  # pragma: no cover - exercised only without torch
     raise ImportError("yogacache.torch needs PyTorch: pip install 'yogacache[torch]'") from error
 
 from yogacache import launcher
+from yogacache.arguments import skip_shuffle_flag
 from yogacache.format.spec import STRING, Spec, TensorSpec, flatten, spec_leaves, unflatten
 from yogacache.read.options import DEFAULT_SHUFFLE_MODE, ReadOptions
 from yogacache.read.pipeline import ReaderSource, ReadSizes, plan_reads
@@ -182,6 +183,7 @@ class CacheIterableDataset(IterableDataset):  # type: ignore[type-arg]
             Needs fixed-shape leaves.
         drop_last: with ``batched``, drop a last batch smaller than ``batch_size``.
         output: ``"torch"`` or ``"numpy"``.
+        skip_shuffle_end_of_epoch: Determined's spelling of ``skip_shuffle_at_epoch_end``.
     """
 
     def __init__(
@@ -201,13 +203,14 @@ class CacheIterableDataset(IterableDataset):  # type: ignore[type-arg]
         batched: bool = False,
         drop_last: bool = False,
         output: str = "torch",
+        skip_shuffle_end_of_epoch: Optional[bool] = None,
     ) -> None:
         reader = open_reader(source)
         ranks = launcher.resolve(shard_rank, num_shards)
         options = ReadOptions.from_stream_args(
             start_offset,
             shuffle,
-            skip_shuffle_at_epoch_end,
+            skip_shuffle_flag(skip_shuffle_at_epoch_end, skip_shuffle_end_of_epoch),
             shuffle_seed,
             ranks.rank,
             ranks.num_shards,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import warnings
+import pathlib
 from pathlib import Path
 from typing import Any, Callable, Optional
 
@@ -86,6 +87,12 @@ def _warn_coordinator(url: Any, cert_file: Any, cert_name: Any) -> None:
         )
 
 
+def _object_prefix(path: "str | pathlib.PurePath") -> str:
+    """The object-key prefix a ``bucket_directory_path`` stands for ("" for the bucket's root)."""
+    text = pathlib.PurePath(path).as_posix().strip("/")
+    return "" if text == "." else text
+
+
 class BaseCloudConfigurations:
     """What S3 and GCS configurations share (YogaDL's constructor arguments)."""
 
@@ -101,7 +108,8 @@ class BaseCloudConfigurations:
     ) -> None:
         _warn_coordinator(url, coordinator_cert_file, coordinator_cert_name)
         self.bucket = bucket
-        self.bucket_directory_path = bucket_directory_path
+        # A pathlib.Path, as in YogaDL (its programs call ``joinpath`` on it).
+        self.bucket_directory_path = pathlib.Path(bucket_directory_path)
         self.url = url
         self.local_cache_dir = Path(local_cache_dir)
         self.skip_verify = skip_verify
@@ -111,7 +119,7 @@ class BaseCloudConfigurations:
         local = str(self.local_cache_dir)
         return dict(
             bucket=self.bucket,
-            bucket_directory_path=str(self.bucket_directory_path),
+            bucket_directory_path=_object_prefix(self.bucket_directory_path),
             local_cache_host_path=local,
             local_cache_container_path=local,
         )
@@ -156,7 +164,10 @@ class S3Configurations(BaseCloudConfigurations):
         )
 
     def __repr__(self) -> str:
-        return f"S3Configurations(bucket={self.bucket!r}, bucket_directory_path={self.bucket_directory_path!r})"
+        return (
+            f"S3Configurations(bucket={self.bucket!r}, "
+            f"bucket_directory_path={str(self.bucket_directory_path)!r})"
+        )
 
 
 class GCSConfigurations(BaseCloudConfigurations):
