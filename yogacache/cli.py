@@ -159,6 +159,37 @@ def cmd_push(store: Store, args: argparse.Namespace) -> int:
     return 0
 
 
+# -- migrate (YogaDL caches) -----------------------------------------------------------------
+def cmd_migrate(store: Store, args: argparse.Namespace) -> int:
+    """Converts a YogaDL 0.1.4 cache (``<id>/<version>/cache.mdb``) into a yogacache cache."""
+    from yogacache.store import yogadl as yogadl_caches
+
+    legacy = yogadl_caches.legacy_location(store, args.dataset_id, args.version)
+    manifest = yogadl_caches.migrate(store, args.dataset_id, args.version, force=args.force)
+    print(
+        f"converted {legacy} into {args.dataset_id} {args.version} ({manifest.num_records:,} records) at "
+        f"{store.location(args.dataset_id, args.version)}; the YogaDL cache.mdb is kept"
+    )
+    return 0
+
+
+def add_migrate_command(sub: Any, common: argparse.ArgumentParser) -> None:
+    command = sub.add_parser(
+        "migrate",
+        parents=[common],
+        help="convert a YogaDL 0.1.4 cache (<id>/<version>/cache.mdb) into a yogacache cache",
+        description="Convert the YogaDL 0.1.4 cache <storage>/<id>/<version>/cache.mdb into a "
+        "yogacache cache beside it (published too, for s3:// and gs:// storages). Its pickles are "
+        "read by a restricted unpickler that never runs code; cache.mdb itself is left as it was.",
+    )
+    command.add_argument("dataset_id")
+    command.add_argument("version")
+    command.add_argument(
+        "--force", action="store_true", help="convert again even if a converted cache is in place"
+    )
+    command.set_defaults(run=cmd_migrate)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="yogacache", description="Manage yogacache dataset caches.")
     parser.add_argument("--version", action="version", version=f"yogacache {__version__}")
@@ -198,6 +229,7 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "info":
             command.add_argument("--json", action="store_true", help="print the manifest as JSON")
         command.set_defaults(run=run)
+    add_migrate_command(sub, common)
     return parser
 
 

@@ -15,6 +15,7 @@ from yogacache.names import validate_name
 from yogacache.read.options import DEFAULT_SHUFFLE_MODE, ReadOptions
 from yogacache.read.schedule import ResumeState
 from yogacache.store import open_store
+from yogacache.store import yogadl as yogadl_caches
 
 TRAIN_SUFFIX = "_train"
 VALIDATION_SUFFIX = "_val"
@@ -84,7 +85,7 @@ class DataLayer:
     # -- building blocks ------------------------------------------------------------------
     def dataref(self, dataset_id: str, dataset_version: str, make_data: Callable[[], Any]) -> CacheDataRef:
         """The cache of (dataset_id, dataset_version), built from ``make_data()`` on a miss."""
-        return CacheDataRef(self.store.get_or_build(dataset_id, dataset_version, make_data))
+        return CacheDataRef(yogadl_caches.get_or_build(self.store, dataset_id, dataset_version, make_data))
 
     def rank_for(self, input_context: Any = None) -> launcher.RankInfo:
         """This process's rank and shard count; an InputContext fills in what was not explicit."""

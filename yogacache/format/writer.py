@@ -315,8 +315,9 @@ class CacheWriter:
         )
 
     # -- sealing --------------------------------------------------------------------------
-    def seal(self, spec: Spec, source: str = "python") -> Manifest:
-        """Syncs, hashes and publishes the cache atomically; returns its manifest."""
+    def seal(self, spec: Spec, source: str = "python", extra: Optional[dict[str, Any]] = None) -> Manifest:
+        """Syncs, hashes and publishes the cache atomically; returns its manifest (whose
+        ``extra`` is ``extra``: what the caller records about the build's origin)."""
         if self._closed:
             raise BuildError(f"writer for {self.dataset_id}:{self.dataset_version} is closed")
         try:
@@ -340,6 +341,7 @@ class CacheWriter:
                 writer_version=f"yogacache {__version__}",
                 source=source,
                 codec=CODEC_NAME,
+                extra=dict(extra or {}),
             )
             # Stamps go to this user's state directory, never into the cache.
             stamp_verified(self.directory, manifest)

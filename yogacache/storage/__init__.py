@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import functools
-import warnings
 import pathlib
+import warnings
 from pathlib import Path
 from typing import Any, Callable, Optional
 
@@ -12,6 +12,7 @@ from yogacache.config import GCSConfig, S3Config, StorageConfig
 from yogacache.dataref import CacheDataRef, Storage
 from yogacache.names import validate_name, validate_version
 from yogacache.store import open_store
+from yogacache.store import yogadl as yogadl_caches
 
 __all__ = [
     "GCSConfigurations",
@@ -34,8 +35,9 @@ class _StoreStorage(Storage):
         self.store.build(dataset_id, dataset_version, data)
 
     def fetch(self, dataset_id: str, dataset_version: str) -> CacheDataRef:
-        """A DataRef to the cache (a remote one is first synced to the local copy)."""
-        return CacheDataRef(self.store.open(dataset_id, dataset_version))
+        """A DataRef to the cache (a remote one is first synced to the local copy; a YogaDL
+        cache.mdb is converted on first use and kept)."""
+        return CacheDataRef(yogadl_caches.fetch(self.store, dataset_id, dataset_version))
 
     def cacheable(self, dataset_id: str, dataset_version: str) -> Callable[..., Any]:
         """Decorator: the function runs only when no process has built the cache; returns a DataRef."""
@@ -45,8 +47,8 @@ class _StoreStorage(Storage):
         def wrap(make_dataset: Callable[..., Any]) -> Callable[..., CacheDataRef]:
             @functools.wraps(make_dataset)
             def create_dataref(*args: Any, **kwargs: Any) -> CacheDataRef:
-                reader = self.store.get_or_build(
-                    dataset_id, dataset_version, lambda: make_dataset(*args, **kwargs)
+                reader = yogadl_caches.get_or_build(
+                    self.store, dataset_id, dataset_version, lambda: make_dataset(*args, **kwargs)
                 )
                 return CacheDataRef(reader)
 

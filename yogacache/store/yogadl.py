@@ -1,0 +1,226 @@
+"""YogaDL 0.1.4 caches where a yogacache cache would be: found, converted, kept, and followed.
+
+YogaDL kept a cache as one file, ``<id>/<version>/cache.mdb`` (under an LFS directory, or under
+``bucket_directory_path`` in S3/GCS). yogacache never builds over one: a call that finds only
+a cache.mdb converts it into format v1 (``yogacache.format.yogadl_legacy``: its pickles are
+decoded by a restricted unpickler, never executed) and serves that; the cache.mdb itself stays
+where it was, byte for byte. The converted cache records which version of the cache.mdb it
+came from (manifest ``extra["yogadl_source"]``), so it follows YogaDL's rules: deleting the
+cache.mdb (how YogaDL invalidates a cache) makes the next ``cacheable`` call build afresh, and
+a cache.mdb rewritten by YogaDL is converted again.
+
+``fetch`` and ``get_or_build`` here are what the YogaDL facade, the DataLayer decorators and
+``yogacache migrate`` call instead of the store's own.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+from yogacache.errors import CacheNotFoundError, CorruptCacheError, YogaCacheError
+from yogacache.format.durability import fsync_path
+from yogacache.format.manifest import Manifest
+from yogacache.format.writer import CacheWriter
+from yogacache.format.yogadl_legacy import (
+    LEGACY_CACHE_NAME,
+    LEGACY_EXTRA_KEY,
+    LegacyFileState,
+    YogaDLSource,
+    carry_over,
+    legacy_state_of,
+)
+from yogacache.locks import FileLock
+from yogacache.progress import Progress
+from yogacache.read.reader import CacheReader
+from yogacache.store.base import Store
+
+log = logging.getLogger(__name__)
+
+__all__ = ["fetch", "get_or_build", "legacy_location", "legacy_state", "migrate"]
+
+
+def _objects(store: Store) -> Any:
+    """The object store of a remote store, None for a directory store."""
+    return getattr(store, "objects", None)
+
+
+def _local(store: Store) -> Any:
+    """The directory store that holds this store's (local copies of) caches."""
+    return getattr(store, "local", store)
+
+
+def legacy_location(store: Store, dataset_id: str, dataset_version: str) -> str:
+    """Where a YogaDL cache of (dataset_id, dataset_version) would be: a path or a URL."""
+    objects = _objects(store)
+    if objects is not None:
+        return str(objects.url(store.key(dataset_id, dataset_version, LEGACY_CACHE_NAME)))  # type: ignore[attr-defined]
+    return str(_local(store).cache_dir(dataset_id, dataset_version) / LEGACY_CACHE_NAME)
+
+
+def legacy_state(store: Store, dataset_id: str, dataset_version: str) -> Optional[LegacyFileState]:
+    """The version of the YogaDL cache.mdb of (dataset_id, dataset_version), None when there is none.
+
+    A local file is identified by size and modification time; an object by its size (what
+    listing tells without downloading it).
+    """
+    objects = _objects(store)
+    if objects is None:
+        return LegacyFileState.of_file(_local(store).cache_dir(dataset_id, dataset_version) / LEGACY_CACHE_NAME)
+    key = store.key(dataset_id, dataset_version, LEGACY_CACHE_NAME)  # type: ignore[attr-defined]
+    for info in objects.list(key):
+        if info.key == key:
+            return LegacyFileState(size=info.size, version="object")
+    return None
+
+
+def _manifest(store: Store, dataset_id: str, dataset_version: str) -> Optional[Manifest]:
+    try:
+        return store.manifest(dataset_id, dataset_version)
+    except CacheNotFoundError:
+        return None
+
+
+def _converted_state(manifest: Optional[Manifest]) -> Optional[LegacyFileState]:
+    return None if manifest is None else legacy_state_of(manifest.extra)
+
+
+def migrate(store: Store, dataset_id: str, dataset_version: str, *, force: bool = False) -> Manifest:
+    """Converts the YogaDL cache of (dataset_id, dataset_version) into a yogacache cache (and,
+    for a remote store, publishes it); the cache.mdb is left as it was.
+
+    Returns the manifest of the cache now in place: that of an earlier conversion of the same
+    cache.mdb, unless ``force``. CacheNotFoundError when there is no YogaDL cache;
+    ``RefusedPickleError`` when the cache.mdb holds a pickle YogaDL never wrote.
+    """
+    objects = _objects(store)
+    local = _local(store)
+    with FileLock(local.lock_path(dataset_id, dataset_version)):
+        state = legacy_state(store, dataset_id, dataset_version)
+        if state is None:
+            raise CacheNotFoundError(
+                f"no YogaDL cache of {dataset_id}:{dataset_version} at "
+                f"{legacy_location(store, dataset_id, dataset_version)}"
+            )
+        current = _manifest(store, dataset_id, dataset_version)
+        if current is not None and not force:
+            if _converted_state(current) == state:
+                return current
+            if _converted_state(current) is None:
+                raise YogaCacheError(
+                    f"a yogacache cache of {dataset_id}:{dataset_version} is already in place at "
+                    f"{store.location(dataset_id, dataset_version)} (it is what is served); "
+                    "convert with force (yogacache migrate --force) to replace it with the YogaDL cache"
+                )
+        if objects is None:
+            path = local.cache_dir(dataset_id, dataset_version) / LEGACY_CACHE_NAME
+            return _convert(local, dataset_id, dataset_version, path, state, keep_beside=True)
+        return _migrate_remote(store, dataset_id, dataset_version, state, current)
+
+
+def _migrate_remote(
+    store: Any, dataset_id: str, dataset_version: str, state: LegacyFileState, current: Optional[Manifest]
+) -> Manifest:
+    """Downloads the cache.mdb object, converts it into the local copy, and publishes that."""
+    local = store.local
+    key = store.key(dataset_id, dataset_version, LEGACY_CACHE_NAME)
+    scratch = local.root / dataset_id / f".{dataset_version}.yogadl-{uuid.uuid4().hex[:8]}.mdb"
+    scratch.parent.mkdir(parents=True, exist_ok=True, mode=0o755)
+    try:
+        store.objects.download_file(key, scratch)
+        downloaded = LegacyFileState.of_file(scratch)
+        if downloaded is None or downloaded.size != state.size:
+            raise CorruptCacheError(f"{store.objects.url(key)} changed while it was downloaded; try again")
+        manifest = _convert(local, dataset_id, dataset_version, scratch, state, keep_beside=False)
+    finally:
+        scratch.unlink(missing_ok=True)
+    if current is not None:
+        # The published cache was converted from an older cache.mdb: replace it.
+        store.remove(dataset_id, dataset_version, remote=True, local=False)
+    if not store.publish_locked(manifest):
+        log.info("another node published %s:%s first; using its cache", dataset_id, dataset_version)
+        remote = store.remote_manifest(dataset_id, dataset_version)
+        if remote is not None:
+            store._sync_locked(dataset_id, dataset_version, remote)
+            return remote  # type: ignore[no-any-return]
+    return manifest
+
+
+def _convert(
+    local: Any, dataset_id: str, dataset_version: str, path: Path, state: LegacyFileState, *, keep_beside: bool
+) -> Manifest:
+    """Writes the yogacache cache of the cache.mdb at ``path`` (the caller holds the lock)."""
+    source = YogaDLSource(path)
+    target = local.cache_dir(dataset_id, dataset_version)
+    local.clean_leftovers(dataset_id, dataset_version)
+    progress = Progress(f"converting YogaDL cache {dataset_id}:{dataset_version}", enabled=local.show_progress)
+    with CacheWriter(
+        target, dataset_id, dataset_version, limits=local.limits, part_size_bytes=local.part_size_bytes,
+        progress=progress,
+    ) as writer:
+        for batch in source.encoded_batches():
+            writer.add_encoded(batch)
+        if not source.unchanged():
+            raise CorruptCacheError(f"{path} changed while it was converted; nothing was cached, try again")
+        if keep_beside:
+            # The new cache replaces the directory that holds the cache.mdb: it goes along.
+            carry_over(path, writer.directory)
+            fsync_path(writer.directory / LEGACY_CACHE_NAME)
+        manifest = writer.seal(source.spec(), source=source.kind, extra={LEGACY_EXTRA_KEY: state.to_json()})
+    log.info(
+        "converted the YogaDL cache %s into a yogacache cache of %d records at %s (the cache.mdb is kept)",
+        path, manifest.num_records, target,
+    )
+    return manifest
+
+
+def _drop_stale(store: Store, dataset_id: str, dataset_version: str, manifest: Manifest) -> None:
+    """Removes a cache converted from a cache.mdb that no longer exists (YogaDL's way of
+    invalidating a cache), so that it is built afresh."""
+    log.info(
+        "the YogaDL cache %s this cache of %s:%s was converted from is gone: building it afresh",
+        legacy_location(store, dataset_id, dataset_version), dataset_id, dataset_version,
+    )
+    remote = _objects(store) is not None
+    try:
+        store.remove(dataset_id, dataset_version, remote=remote, local=True)
+    except CacheNotFoundError:
+        pass  # another process removed it first
+
+
+def _resolve(store: Store, dataset_id: str, dataset_version: str) -> Optional[bool]:
+    """Brings a YogaDL cache into line: True when a usable cache is in place (converted now,
+    earlier, or a yogacache build), None when there is neither (a stale conversion removed)."""
+    manifest = _manifest(store, dataset_id, dataset_version)
+    converted = _converted_state(manifest)
+    if manifest is not None and converted is None:
+        return True  # a yogacache build: the YogaDL cache, if any, is not consulted
+    state = legacy_state(store, dataset_id, dataset_version)
+    if state is None:
+        if manifest is not None:
+            _drop_stale(store, dataset_id, dataset_version, manifest)
+        return None
+    if converted != state:
+        migrate(store, dataset_id, dataset_version, force=manifest is not None)
+    return True
+
+
+def fetch(store: Store, dataset_id: str, dataset_version: str) -> CacheReader:
+    """``store.open``, where a YogaDL cache counts as a cache (converted on first use)."""
+    if _resolve(store, dataset_id, dataset_version) is None:
+        raise CacheNotFoundError(
+            f"no cache for dataset {dataset_id!r} version {dataset_version!r} at "
+            f"{store.location(dataset_id, dataset_version)}"
+        )
+    return store.open(dataset_id, dataset_version)
+
+
+def get_or_build(
+    store: Store, dataset_id: str, dataset_version: str, make_data: Callable[[], Any]
+) -> CacheReader:
+    """``store.get_or_build``, where a YogaDL cache counts as a cache (converted on first use)."""
+    _resolve(store, dataset_id, dataset_version)
+    return store.get_or_build(dataset_id, dataset_version, make_data)
+
