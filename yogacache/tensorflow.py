@@ -104,6 +104,64 @@ def _record_bytes(spec: Spec) -> int:
     return max(1, total)
 
 
+# Dataset ops that end an unbounded input: take(n) with n >= 0, take_while(...), and
+# assert_cardinality(n) (which fails past n records).
+_BOUNDING_OPS = frozenset({"TakeDataset", "TakeWhileDataset", "AssertCardinalityDataset"})
+
+
+def _unbounded_repeat(dataset: tf.data.Dataset) -> Optional[str]:
+    """Where the dataset repeats forever upstream (a ``repeat()`` whose count is -1 that no
+    ``take``/``take_while`` bounds, at the top level or inside the function of an interleave
+    or flat_map), or None. Reads the dataset's serialized graph; runs nothing."""
+    from tensorflow.core.framework import graph_pb2
+
+    try:
+        graph = graph_pb2.GraphDef()
+        graph.ParseFromString(dataset._as_serialized_graph().numpy())
+    except Exception:  # noqa: BLE001 - a dataset that cannot be serialized: cardinality decides
+        return None
+    functions = {function.signature.name: function for function in graph.library.function}
+
+    def const_value(node: Any) -> Optional[int]:
+        if node is None or node.op != "Const":
+            return None
+        try:
+            value = tf.make_ndarray(node.attr["value"].tensor)
+        except Exception:  # noqa: BLE001
+            return None
+        return int(value) if value.size == 1 else None
+
+    def search(nodes: dict[str, Any], name: str, in_functions: frozenset[str]) -> Optional[str]:
+        """Why the dataset made by node ``name`` repeats forever, or None."""
+        node = nodes.get(name)
+        if node is None:
+            return None
+        inputs = [i.split(":")[0] for i in node.input if not i.startswith("^")]
+        if node.op in _BOUNDING_OPS:
+            count = const_value(nodes.get(inputs[1])) if node.op == "TakeDataset" and len(inputs) > 1 else 0
+            if count is None or count >= 0:
+                return None  # bounded here, whatever is upstream
+        if node.op == "RepeatDataset" and len(inputs) > 1 and const_value(nodes.get(inputs[1])) == -1:
+            return "repeat() with no count"
+        for attr in node.attr.values():
+            function = attr.func.name if attr.HasField("func") else ""
+            if function in functions and function not in in_functions and node.op.endswith("Dataset"):
+                body = functions[function]
+                inner = {n.name: n for n in body.node_def}
+                for value in body.ret.values():
+                    found = search(inner, value.split(":")[0], in_functions | {function})
+                    if found is not None:
+                        return f"{found} inside the function of {node.op.replace('Dataset', '').lower()}"
+        upstream = [search(nodes, i, in_functions) for i in inputs if nodes.get(i) is not None]
+        if node.op == "ZipDataset":  # ends with its shortest input
+            return upstream[0] if upstream and all(upstream) else None
+        return next((found for found in upstream if found), None)
+
+    top = {node.name: node for node in graph.node}
+    outputs = [i.split(":")[0] for node in graph.node if node.op == "_Retval" for i in node.input]
+    return next((found for found in (search(top, o, frozenset()) for o in outputs) if found), None)
+
+
 class TFDatasetSource:
     """A tf.data.Dataset as a record source; refuses infinite datasets before writing anything."""
 
@@ -113,11 +171,18 @@ class TFDatasetSource:
         if not isinstance(dataset, tf.data.Dataset):
             raise UnsupportedDatasetError(f"expected a tf.data.Dataset, got {type(dataset).__name__}")
         cardinality = int(dataset.cardinality())
-        if cardinality == int(tf.data.INFINITE_CARDINALITY):
-            raise UnsupportedDatasetError(
-                "the dataset is infinite (e.g. it ends in repeat()): caching it would fill the "
-                "disk. Cache the finite dataset and call repeat() on the cached one"
-            )
+        infinite = cardinality == int(tf.data.INFINITE_CARDINALITY)
+        if infinite or cardinality == int(tf.data.UNKNOWN_CARDINALITY):
+            # Unknown cardinality (repeat().filter(...), an interleave of repeat()s, ...): look
+            # for an unbounded repeat() upstream in the dataset's graph.
+            found = None if infinite else _unbounded_repeat(dataset)
+            if infinite or found is not None:
+                where = "" if found is None else f" ({found})"
+                raise UnsupportedDatasetError(
+                    f"the dataset is infinite: it repeats forever{where}, and caching it would fill "
+                    "the disk. Cache the finite dataset (without repeat()) and call repeat() on the "
+                    "cached one, or bound it with take(n)"
+                )
         self.cardinality: Optional[int] = (
             None if cardinality == int(tf.data.UNKNOWN_CARDINALITY) else cardinality
         )
