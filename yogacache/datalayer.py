@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import importlib.util
 from typing import Any, Callable, Mapping, Optional, Union
 
 from yogacache import launcher
@@ -202,7 +203,16 @@ class DataLayer:
 
 
 def _tf_adapter(ref: CacheDataRef, options: ReadOptions) -> Any:
-    from yogacache.tensorflow import make_tf_dataset
+    try:
+        from yogacache.tensorflow import make_tf_dataset
+    except ImportError as error:
+        if importlib.util.find_spec("tensorflow") is not None:
+            raise
+        raise ImportError(
+            "the decorated function returns a tf.data.Dataset by default (returns='tf'), and "
+            "TensorFlow is not installed: pass returns='torch' for a PyTorch dataset or "
+            "returns='stream' for a Stream (or install TensorFlow: pip install 'yogacache[tf]')"
+        ) from error
 
     return make_tf_dataset(ref.open_stream(options))
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import copy
 import operator
 import os
+import warnings
 from typing import Any, Callable, Iterator, Mapping, Optional, Sequence, Union
 
 import numpy as np
@@ -266,6 +267,9 @@ class CacheIterableDataset(IterableDataset):  # type: ignore[type-arg]
         self._read_sizes = ReadSizes.for_manifest(reader.manifest)
         self._epoch, self._position = self.schedule.start
         self._consumed = 0  # records handed out since the resume point, in the tracking process
+        # True once this process counts what it hands out (it iterated the dataset itself, or a
+        # CacheDataLoader counts for it); a plain DataLoader's workers count in their own copies.
+        self._counting_here = False
 
     # -- epochs and resume points ---------------------------------------------------------
     @property
@@ -296,6 +300,16 @@ class CacheIterableDataset(IterableDataset):  # type: ignore[type-arg]
         DataLoader and workers, pass the count (e.g. steps × batch size). In global mode, all
         ranks at the same count give the same state, valid with any number of ranks.
         """
+        if records_consumed is None and not self._counting_here:
+            warnings.warn(
+                "CacheIterableDataset.state_dict(): this process has not counted any records: a "
+                "DataLoader with num_workers > 0 reads in worker processes, whose counts this "
+                "process cannot see, so the state would say that nothing was consumed. Use "
+                "yogacache.torch.CacheDataLoader, or pass records_consumed (e.g. steps x batch "
+                "size; 0 before reading)",
+                UserWarning,
+                stacklevel=2,
+            )
         records = self._consumed if records_consumed is None else operator.index(records_consumed)
         return self.schedule.state((self._epoch, self._position), records)
 
@@ -305,6 +319,7 @@ class CacheIterableDataset(IterableDataset):  # type: ignore[type-arg]
 
     def count_consumed(self, item: Any, *, batch: bool) -> None:
         """Counts ``item``, a record or (``batch``) a batch of records, as handed out."""
+        self._counting_here = True
         self._consumed += self.batch_records(item) if batch else 1
 
     def batch_records(self, batch: Any) -> int:
@@ -341,6 +356,8 @@ class CacheIterableDataset(IterableDataset):  # type: ignore[type-arg]
         plan = self.schedule.plan(self._epoch, self._position)
         info = get_worker_info()
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        if info is None:
+            self._counting_here = True
         self.reset_consumed()
         reads = plan_reads(
             plan,
@@ -411,6 +428,7 @@ class CacheDataLoader(DataLoader):  # type: ignore[type-arg]
         # In-process (num_workers=0) the dataset counts what it hands out itself.
         counting = self.num_workers > 0
         if counting:
+            dataset._counting_here = True
             dataset.reset_consumed()
         batching = dataset.batched or self.batch_size is not None
         for batch in super().__iter__():

@@ -8,6 +8,8 @@ into checkpoints. Pure numpy, no I/O.
 
 from __future__ import annotations
 
+import warnings
+
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Mapping, Optional
 
@@ -102,6 +104,15 @@ class ReadSchedule:
             raise ValueError(f"num_records must not be negative, got {self.num_records}")
         self.options = options
         self.order: ShuffleMode = shuffle_mode(options.shuffle_mode)(self.num_records, options)
+        if self.num_records and len(self.order) == 0:
+            remainder = " and drop_shard_remainder=True drops them all" if options.drop_shard_remainder else ""
+            warnings.warn(
+                f"rank {options.shard_rank} of {options.num_shards} reads no records: the dataset "
+                f"has {self.num_records} record(s), fewer than num_shards{remainder}. Use fewer "
+                "shards or a larger dataset",
+                UserWarning,
+                stacklevel=2,
+            )
         self.start: tuple[int, int]
         if options.resume_state is not None:
             self.start = self.resume_point(options.resume_state)
