@@ -63,7 +63,8 @@ def test_a_rank_without_records_warns(tmp_path: Path, drop: bool) -> None:
     storage = LFSStorage(LFSConfigurations(str(tmp_path)))
     storage.submit(records(3), "small", "1")
     ref = storage.fetch("small", "1")
-    with pytest.warns(UserWarning, match=r"rank 5 of 8 reads no records: the dataset has 3 record\(s\), fewer than num_shards"):
+    said = r"rank 5 of 8 reads no records: the dataset has 3 record\(s\), fewer than num_shards"
+    with pytest.warns(UserWarning, match=said):
         stream = ref.stream(shard_rank=5, num_shards=8, drop_shard_remainder=drop)
     assert ids(stream) == []
     with warnings.catch_warnings():

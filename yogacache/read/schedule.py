@@ -9,7 +9,6 @@ into checkpoints. Pure numpy, no I/O.
 from __future__ import annotations
 
 import warnings
-
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Mapping, Optional
 
