@@ -9,7 +9,7 @@ from typing import Any, Callable, Mapping, Optional, Union
 from yogacache import launcher
 from yogacache.arguments import as_int, skip_shuffle_flag
 from yogacache.config import StorageConfig, parse_config
-from yogacache.dataref import CacheDataRef
+from yogacache.dataref import CacheDataRef, cached_dataref
 from yogacache.format.integrity import Verify
 from yogacache.format.writer import BuildLimits
 from yogacache.names import validate_name
@@ -111,7 +111,7 @@ class DataLayer:
         def decorator(make_dataset: Callable[..., Any]) -> Callable[..., Any]:
             @functools.wraps(make_dataset)
             def cached(*args: Any, **kwargs: Any) -> Any:
-                ref = self.dataref(dataset_id, version, lambda: make_dataset(*args, **kwargs))
+                ref = cached_dataref(self.store, dataset_id, version, make_dataset, args, kwargs)
                 contexts = [a for a in (*args, *kwargs.values()) if launcher.is_input_context(a)]
                 return _ADAPTERS[returns](ref, read_options(self.rank_for(contexts[0] if contexts else None)))
 
@@ -132,7 +132,7 @@ class DataLayer:
         def decorator(make_dataset: Callable[..., Any]) -> Callable[..., CacheDataRef]:
             @functools.wraps(make_dataset)
             def cached(*args: Any, **kwargs: Any) -> CacheDataRef:
-                return self.dataref(dataset_id, dataset_version, lambda: make_dataset(*args, **kwargs))
+                return cached_dataref(self.store, dataset_id, dataset_version, make_dataset, args, kwargs)
 
             return cached
 

@@ -7,17 +7,39 @@ The facade: ``stream`` takes YogaDL's loose arguments and converts them once int
 from __future__ import annotations
 
 import abc
+import hashlib
+import inspect
+import json
 import os
-from pathlib import Path
+import warnings
+from pathlib import Path, PurePath
 from typing import Any, Callable, Mapping, Optional, Union
 
+import numpy as np
+
+from yogacache import launcher
 from yogacache.arguments import skip_shuffle_flag
+from yogacache.format.sources import AnnotatedSource, source_for
 from yogacache.format.spec import Spec
 from yogacache.read.options import DEFAULT_SHUFFLE_MODE, ReadOptions
 from yogacache.read.pipeline import Stream, read_stream
 from yogacache.read.reader import CacheReader
+from yogacache.store import yogadl as yogadl_caches
+from yogacache.store.base import Store
 
-__all__ = ["CacheDataRef", "DataRef", "LMDBDataRef", "Storage", "Stream"]
+__all__ = [
+    "ARGUMENTS_EXTRA_KEY",
+    "CacheDataRef",
+    "DataRef",
+    "LMDBDataRef",
+    "Storage",
+    "Stream",
+    "arguments_fingerprint",
+    "cached_dataref",
+]
+
+# The manifest ``extra`` entry recording the arguments a cache's dataset function was called with.
+ARGUMENTS_EXTRA_KEY = "build_arguments"
 
 
 class DataRef(metaclass=abc.ABCMeta):
@@ -116,3 +138,84 @@ class Storage(metaclass=abc.ABCMeta):
     @abc.abstractmethod
     def cacheable(self, dataset_id: str, dataset_version: str) -> Callable[..., Any]:
         """A decorator: the wrapped function builds the dataset only when it is not cached."""
+
+
+# -- the decorators' shared call ------------------------------------------------------------------
+def _canonical(value: Any) -> Any:
+    """``value`` as JSON that is equal exactly when the values are (objects of other types
+    count by type only: their reprs hold addresses)."""
+    if value is None or isinstance(value, (bool, int, str)):
+        return value
+    if isinstance(value, float):
+        return {"float": repr(value)}
+    if isinstance(value, (bytes, bytearray)):
+        return {"bytes": hashlib.sha256(bytes(value)).hexdigest()}
+    if isinstance(value, np.generic):
+        return {"numpy": value.dtype.str, "value": _canonical(value.item())}
+    if isinstance(value, np.ndarray) and not value.dtype.hasobject:
+        digest = hashlib.sha256(np.ascontiguousarray(value).tobytes()).hexdigest()
+        return {"ndarray": value.dtype.str, "shape": list(value.shape), "sha256": digest}
+    if isinstance(value, PurePath):
+        return {"path": str(value)}
+    if isinstance(value, (list, tuple)):
+        return {type(value).__name__: [_canonical(item) for item in value]}
+    if isinstance(value, Mapping):
+        items = [[_canonical(k), _canonical(v)] for k, v in value.items()]
+        return {"dict": sorted(items, key=lambda item: json.dumps(item, sort_keys=True))}
+    kind = type(value)
+    return {"object": f"{kind.__module__}.{kind.__qualname__}"}
+
+
+def arguments_fingerprint(function: Callable[..., Any], args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> str:
+    """A hash of the arguments ``function`` is called with, by parameter name and with defaults
+    filled in (``make(3)`` and ``make(size=3)`` agree); a ``tf.distribute.InputContext`` (one per
+    rank) does not count. Only the hash is kept: arguments may hold secrets."""
+    try:
+        bound = inspect.signature(function).bind(*args, **kwargs)
+        bound.apply_defaults()
+        named: dict[str, Any] = dict(bound.arguments)
+    except (TypeError, ValueError):
+        named = {"*args": args, "**kwargs": dict(kwargs)}
+    kept = {name: value for name, value in named.items() if not launcher.is_input_context(value)}
+    text = json.dumps(_canonical(kept), sort_keys=True, separators=(",", ":"))
+    return "sha256:" + hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def cached_dataref(
+    store: Store,
+    dataset_id: str,
+    dataset_version: str,
+    make_dataset: Callable[..., Any],
+    args: tuple[Any, ...] = (),
+    kwargs: Optional[Mapping[str, Any]] = None,
+) -> CacheDataRef:
+    """The cache of (dataset_id, dataset_version), built from ``make_dataset(*args, **kwargs)``
+    when nobody has built it (a YogaDL cache.mdb counts as built).
+
+    As in YogaDL, the arguments are not part of the cache key; the build records their
+    fingerprint in the manifest, and a call with other arguments gets the cached dataset with a
+    warning saying so.
+    """
+    kwargs = dict(kwargs or {})
+    fingerprint = arguments_fingerprint(make_dataset, args, kwargs)
+    extra = {ARGUMENTS_EXTRA_KEY: {"fingerprint": fingerprint}}
+    reader = yogadl_caches.get_or_build(
+        store,
+        dataset_id,
+        dataset_version,
+        lambda: AnnotatedSource(source_for(make_dataset(*args, **kwargs)), extra),
+    )
+    recorded = reader.manifest.extra.get(ARGUMENTS_EXTRA_KEY)
+    recorded = recorded.get("fingerprint") if isinstance(recorded, dict) else None
+    if recorded is not None and recorded != fingerprint:
+        name = getattr(make_dataset, "__qualname__", "the dataset function")
+        warnings.warn(
+            f"{name}() was called with other arguments than those the cache "
+            f"{dataset_id}:{dataset_version} was built with: function arguments are not part of "
+            "the cache key (as in YogaDL), so this returns the cached dataset, not one made with "
+            "these arguments. Use another dataset_version for a different dataset, or remove the "
+            f"cache (yogacache rm {dataset_id} {dataset_version}) to rebuild it",
+            UserWarning,
+            stacklevel=3,
+        )
+    return CacheDataRef(reader)

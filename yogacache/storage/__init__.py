@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from yogacache.config import GCSConfig, S3Config, StorageConfig
-from yogacache.dataref import CacheDataRef, Storage
+from yogacache.dataref import CacheDataRef, Storage, cached_dataref
 from yogacache.names import validate_name, validate_version
 from yogacache.store import open_store
 from yogacache.store import yogadl as yogadl_caches
@@ -47,10 +47,7 @@ class _StoreStorage(Storage):
         def wrap(make_dataset: Callable[..., Any]) -> Callable[..., CacheDataRef]:
             @functools.wraps(make_dataset)
             def create_dataref(*args: Any, **kwargs: Any) -> CacheDataRef:
-                reader = yogadl_caches.get_or_build(
-                    self.store, dataset_id, dataset_version, lambda: make_dataset(*args, **kwargs)
-                )
-                return CacheDataRef(reader)
+                return cached_dataref(self.store, dataset_id, dataset_version, make_dataset, args, kwargs)
 
             return create_dataref
 

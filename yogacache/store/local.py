@@ -17,7 +17,7 @@ from yogacache.errors import CacheNotFoundError, ConfigError, YogaCacheError
 from yogacache.format.durability import leftovers_of
 from yogacache.format.integrity import Verify, verify_parts
 from yogacache.format.manifest import MANIFEST_NAME, Manifest
-from yogacache.format.sources import RecordSource, source_for
+from yogacache.format.sources import RecordSource, manifest_extra, source_for
 from yogacache.format.writer import DEFAULT_PART_SIZE, BuildLimits, CacheWriter
 from yogacache.locks import FileLock
 from yogacache.malloc import keep_freed_memory
@@ -135,7 +135,7 @@ class CacheStore:
             keep_freed_memory()  # batch buffers are reused instead of page-faulted in each time
             for batch in source.encoded_batches():
                 writer.add_encoded(batch)
-            manifest = writer.seal(source.spec(), source=source.kind)
+            manifest = writer.seal(source.spec(), source=source.kind, extra=manifest_extra(source))
         log.info(
             "cached %s:%s: %d records, %d bytes in %s",
             dataset_id,
