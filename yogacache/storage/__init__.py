@@ -30,8 +30,10 @@ class _StoreStorage(Storage):
     store: Any
 
     def submit(self, data: Any, dataset_id: str, dataset_version: str) -> None:
-        """Caches ``data``: locally it replaces an existing cache atomically; remotely it is
-        built and published (refused if a cache is already published)."""
+        """Caches ``data``; an existing cache "will be overwritten", as YogaDL documents: a local
+        one is replaced atomically, a published one by the store's build, which replaces it
+        conditionally on the manifest it saw (of two concurrent submits exactly one wins).
+        A YogaDL cache.mdb in the cache's directory is replaced too, as YogaDL's submit does."""
         self.store.build(dataset_id, dataset_version, data)
 
     def fetch(self, dataset_id: str, dataset_version: str) -> CacheDataRef:

@@ -23,6 +23,7 @@ from typing import Any, Callable, Optional
 from yogacache.errors import CacheNotFoundError, CorruptCacheError, YogaCacheError
 from yogacache.format.durability import fsync_path
 from yogacache.format.manifest import Manifest
+from yogacache.format.sources import AnnotatedSource
 from yogacache.format.writer import CacheWriter
 from yogacache.format.yogadl_legacy import (
     LEGACY_CACHE_NAME,
@@ -95,35 +96,44 @@ def migrate(store: Store, dataset_id: str, dataset_version: str, *, force: bool 
     cache.mdb, unless ``force``. CacheNotFoundError when there is no YogaDL cache;
     ``RefusedPickleError`` when the cache.mdb holds a pickle YogaDL never wrote.
     """
-    objects = _objects(store)
+    if _objects(store) is not None:
+        return _migrate_remote(store, dataset_id, dataset_version, force)
     local = _local(store)
     with FileLock(local.lock_path(dataset_id, dataset_version)):
-        state = legacy_state(store, dataset_id, dataset_version)
-        if state is None:
-            raise CacheNotFoundError(
-                f"no YogaDL cache of {dataset_id}:{dataset_version} at "
-                f"{legacy_location(store, dataset_id, dataset_version)}"
-            )
-        current = _manifest(store, dataset_id, dataset_version)
-        if current is not None and not force:
-            if _converted_state(current) == state:
-                return current
-            if _converted_state(current) is None:
-                raise YogaCacheError(
-                    f"a yogacache cache of {dataset_id}:{dataset_version} is already in place at "
-                    f"{store.location(dataset_id, dataset_version)} (it is what is served); "
-                    "convert with force (yogacache migrate --force) to replace it with the YogaDL cache"
-                )
-        if objects is None:
-            path = local.cache_dir(dataset_id, dataset_version) / LEGACY_CACHE_NAME
-            return _convert(local, dataset_id, dataset_version, path, state, keep_beside=True)
-        return _migrate_remote(store, dataset_id, dataset_version, state, current)
+        state, current = _check_migration(store, dataset_id, dataset_version, force)
+        if current is not None and not force and _converted_state(current) == state:
+            return current
+        path = local.cache_dir(dataset_id, dataset_version) / LEGACY_CACHE_NAME
+        return _convert(local, dataset_id, dataset_version, path, state)
 
 
-def _migrate_remote(
-    store: Any, dataset_id: str, dataset_version: str, state: LegacyFileState, current: Optional[Manifest]
-) -> Manifest:
-    """Downloads the cache.mdb object, converts it into the local copy, and publishes that."""
+def _check_migration(
+    store: Store, dataset_id: str, dataset_version: str, force: bool
+) -> tuple[LegacyFileState, Optional[Manifest]]:
+    """The YogaDL cache's version and the cache in place (if any); raises when there is nothing
+    to convert or a yogacache build would be replaced without ``force``."""
+    state = legacy_state(store, dataset_id, dataset_version)
+    if state is None:
+        raise CacheNotFoundError(
+            f"no YogaDL cache of {dataset_id}:{dataset_version} at "
+            f"{legacy_location(store, dataset_id, dataset_version)}"
+        )
+    current = _manifest(store, dataset_id, dataset_version)
+    if current is not None and not force and _converted_state(current) is None:
+        raise YogaCacheError(
+            f"a yogacache cache of {dataset_id}:{dataset_version} is already in place at "
+            f"{store.location(dataset_id, dataset_version)} (it is what is served); "
+            "convert with force (yogacache migrate --force) to replace it with the YogaDL cache"
+        )
+    return state, current
+
+
+def _migrate_remote(store: Any, dataset_id: str, dataset_version: str, force: bool) -> Manifest:
+    """Downloads the cache.mdb object and builds the published cache from it through the
+    store (its lease lets one node convert while the others wait); the object stays."""
+    state, current = _check_migration(store, dataset_id, dataset_version, force)
+    if current is not None and not force and _converted_state(current) == state:
+        return current
     local = store.local
     key = store.key(dataset_id, dataset_version, LEGACY_CACHE_NAME)
     scratch = local.root / dataset_id / f".{dataset_version}.yogadl-{uuid.uuid4().hex[:8]}.mdb"
@@ -133,25 +143,22 @@ def _migrate_remote(
         downloaded = LegacyFileState.of_file(scratch)
         if downloaded is None or downloaded.size != state.size:
             raise CorruptCacheError(f"{store.objects.url(key)} changed while it was downloaded; try again")
-        manifest = _convert(local, dataset_id, dataset_version, scratch, state, keep_beside=False)
+        extra = {LEGACY_EXTRA_KEY: state.to_json()}
+        if current is None:
+            reader = store.get_or_build(
+                dataset_id, dataset_version, lambda: AnnotatedSource(YogaDLSource(scratch), extra)
+            )
+            return reader.manifest  # type: ignore[no-any-return]
+        # The published cache was converted from an older cache.mdb (or is replaced on request):
+        # the store's build replaces the published cache conditionally.
+        return store.build(dataset_id, dataset_version, AnnotatedSource(YogaDLSource(scratch), extra))  # type: ignore[no-any-return]
     finally:
         scratch.unlink(missing_ok=True)
-    if current is not None:
-        # The published cache was converted from an older cache.mdb: replace it.
-        store.remove(dataset_id, dataset_version, remote=True, local=False)
-    if not store.publish_locked(manifest):
-        log.info("another node published %s:%s first; using its cache", dataset_id, dataset_version)
-        remote = store.remote_manifest(dataset_id, dataset_version)
-        if remote is not None:
-            store._sync_locked(dataset_id, dataset_version, remote)
-            return remote  # type: ignore[no-any-return]
-    return manifest
 
 
-def _convert(
-    local: Any, dataset_id: str, dataset_version: str, path: Path, state: LegacyFileState, *, keep_beside: bool
-) -> Manifest:
-    """Writes the yogacache cache of the cache.mdb at ``path`` (the caller holds the lock)."""
+def _convert(local: Any, dataset_id: str, dataset_version: str, path: Path, state: LegacyFileState) -> Manifest:
+    """Writes the yogacache cache of the cache.mdb at ``path`` into the directory that holds
+    it, which keeps the cache.mdb (the caller holds the cache's lock)."""
     source = YogaDLSource(path)
     target = local.cache_dir(dataset_id, dataset_version)
     local.clean_leftovers(dataset_id, dataset_version)
@@ -164,10 +171,9 @@ def _convert(
             writer.add_encoded(batch)
         if not source.unchanged():
             raise CorruptCacheError(f"{path} changed while it was converted; nothing was cached, try again")
-        if keep_beside:
-            # The new cache replaces the directory that holds the cache.mdb: it goes along.
-            carry_over(path, writer.directory)
-            fsync_path(writer.directory / LEGACY_CACHE_NAME)
+        # The new cache replaces the directory that holds the cache.mdb: it goes along.
+        carry_over(path, writer.directory)
+        fsync_path(writer.directory / LEGACY_CACHE_NAME)
         manifest = writer.seal(source.spec(), source=source.kind, extra={LEGACY_EXTRA_KEY: state.to_json()})
     log.info(
         "converted the YogaDL cache %s into a yogacache cache of %d records at %s (the cache.mdb is kept)",
