@@ -55,6 +55,27 @@ class BuildLimits:
     max_records: Optional[int] = None
     max_bytes: Optional[int] = None
 
+    def for_unknown_length(self, directory: Path) -> BuildLimits:
+        """These limits for a dataset whose length is unknown until it ends: without a
+        ``max_bytes``, one that keeps a reserve of the disk under ``directory`` free (see
+        ``unknown_length_bound``), so that a dataset that never ends stops there."""
+        if self.max_bytes is not None:
+            return self
+        existing = next((p for p in (directory, *directory.parents) if p.exists()), directory)
+        usage = shutil.disk_usage(existing)
+        return BuildLimits(self.max_records, unknown_length_bound(usage.free, usage.total))
+
+
+UNKNOWN_LENGTH_RESERVE_FRACTION = 0.05
+UNKNOWN_LENGTH_RESERVE_MIN = 1 << 30
+
+
+def unknown_length_bound(free: int, total: int) -> int:
+    """The default ``max_bytes`` of a build of unknown length: the free space less a reserve of
+    5% of the filesystem (at least 1 GiB), the reserve being at most half the free space."""
+    reserve = max(int(total * UNKNOWN_LENGTH_RESERVE_FRACTION), UNKNOWN_LENGTH_RESERVE_MIN)
+    return max(0, free - min(reserve, free // 2))
+
 
 class CacheWriter:
     """Writes one cache; use as a context manager and call ``add_encoded`` with record batches."""

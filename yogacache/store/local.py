@@ -123,7 +123,8 @@ class CacheStore:
             f"caching {dataset_id}:{dataset_version}",
             enabled=self.show_progress,
         )
-        limits = self.limits
+        # A dataset of unknown length (one that may never end) is bounded by default.
+        limits = self.limits if source.cardinality is not None else self.limits.for_unknown_length(self.root)
         with CacheWriter(
             target,
             dataset_id,
