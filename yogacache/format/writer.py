@@ -63,18 +63,20 @@ class BuildLimits:
             return self
         existing = next((p for p in (directory, *directory.parents) if p.exists()), directory)
         usage = shutil.disk_usage(existing)
-        return BuildLimits(self.max_records, unknown_length_bound(usage.free, usage.total))
+        bound = unknown_length_bound(usage.free, usage.total)
+        return self if bound is None else BuildLimits(self.max_records, bound)
 
 
 UNKNOWN_LENGTH_RESERVE_FRACTION = 0.05
 UNKNOWN_LENGTH_RESERVE_MIN = 1 << 30
 
 
-def unknown_length_bound(free: int, total: int) -> int:
+def unknown_length_bound(free: int, total: int) -> Optional[int]:
     """The default ``max_bytes`` of a build of unknown length: the free space less a reserve of
-    5% of the filesystem (at least 1 GiB), the reserve being at most half the free space."""
+    5% of the filesystem (at least 1 GiB). None where less than twice the reserve is free: there
+    the writer's own free-space check (every build's) is the bound."""
     reserve = max(int(total * UNKNOWN_LENGTH_RESERVE_FRACTION), UNKNOWN_LENGTH_RESERVE_MIN)
-    return max(0, free - min(reserve, free // 2))
+    return free - reserve if free > 2 * reserve else None
 
 
 class CacheWriter:
