@@ -28,6 +28,7 @@ INFINITE: dict[str, Callable[[], tf.data.Dataset]] = {
     "repeat-filter": lambda: R(5).repeat().filter(below_three),
     "repeat-filter-map-batch": lambda: R(5).repeat().filter(below_three).map(lambda x: x * 2).batch(2),
     "interleave-of-repeat": lambda: R(3).interleave(forever, cycle_length=2),
+    "flat-map-of-interleave-of-repeat": lambda: R(2).flat_map(lambda _: R(3).interleave(forever, cycle_length=2)),
     "concatenate-with-repeat-filter": lambda: R(4).concatenate(R(5).repeat().filter(below_three)),
     "zip-of-two-infinite": lambda: tf.data.Dataset.zip((R(5).repeat().filter(below_three), R(3).repeat())),
 }
@@ -38,6 +39,7 @@ FINITE: dict[str, tuple[Callable[[], tf.data.Dataset], int]] = {
     "repeat-take-while": (lambda: R(5).repeat().take_while(below_three), 3),
     "zip-with-a-finite-one": (lambda: tf.data.Dataset.zip((R(5).repeat().filter(below_three), R(4))), 4),
     "counted-repeat-filter": (lambda: R(5).repeat(2).filter(below_three), 6),
+    "interleave-of-bounded-repeat": (lambda: R(2).interleave(lambda _: R(3).repeat().take(2)), 4),
 }
 
 

@@ -111,16 +111,62 @@ _BOUNDING_OPS = frozenset({"TakeDataset", "TakeWhileDataset", "AssertCardinality
 
 def _unbounded_repeat(dataset: tf.data.Dataset) -> Optional[str]:
     """Where the dataset repeats forever upstream (a ``repeat()`` whose count is -1 that no
-    ``take``/``take_while`` bounds, at the top level or inside the function of an interleave
-    or flat_map), or None. Reads the dataset's serialized graph; runs nothing."""
-    from tensorflow.core.framework import graph_pb2
+    ``take``/``take_while`` bounds, in its chain of datasets or inside the function of an
+    interleave or flat_map), or None. Walks the dataset objects and their functions' graphs
+    (never the whole serialized dataset, which would copy the data of from_tensor_slices);
+    runs nothing."""
 
+    def walk(node: Any, seen: set[int]) -> Optional[str]:
+        if id(node) in seen:
+            return None
+        seen = seen | {id(node)}
+        kind = type(node).__name__
+        if "TakeWhile" in kind or "AssertCardinality" in kind:
+            return None  # bounded here, whatever is upstream
+        count = getattr(node, "_count", None)
+        if "Take" in kind and count is not None and _as_int(count) != -1:
+            return None
+        if "Repeat" in kind and count is not None and _as_int(count) == -1:
+            return "repeat() with no count"
+        for wrapper in _dataset_functions(node):
+            found = _repeat_in_function(wrapper)
+            if found is not None:
+                return f"{found} inside the function of {kind.strip('_').replace('Dataset', '').lower()}"
+        try:
+            upstream = [walk(child, seen) for child in node._inputs()]
+        except Exception:  # noqa: BLE001 - a dataset class without inputs we can see
+            return None
+        if "Zip" in kind:  # ends with its shortest input
+            return upstream[0] if upstream and all(upstream) else None
+        return next((found for found in upstream if found), None)
+
+    return walk(dataset, set())
+
+
+def _as_int(value: Any) -> Optional[int]:
     try:
-        graph = graph_pb2.GraphDef()
-        graph.ParseFromString(dataset._as_serialized_graph().numpy())
-    except Exception:  # noqa: BLE001 - a dataset that cannot be serialized: cardinality decides
+        return int(value)
+    except (TypeError, ValueError):
+        return None  # a symbolic count: unknown
+
+
+def _dataset_functions(dataset: Any) -> list[Any]:
+    try:
+        return list(dataset._functions())
+    except Exception:  # noqa: BLE001
+        return []
+
+
+def _repeat_in_function(wrapper: Any) -> Optional[str]:
+    """Whether the dataset a dataset function returns (an interleave's, a flat_map's) repeats
+    forever, read from the function's graph."""
+    try:
+        graph = wrapper.function.graph
+        graph_def = graph.as_graph_def()
+        outputs = [tensor.op.name for tensor in graph.outputs]
+    except Exception:  # noqa: BLE001 - not a traced function: nothing to read
         return None
-    functions = {function.signature.name: function for function in graph.library.function}
+    functions = {function.signature.name: function for function in graph_def.library.function}
 
     def const_value(node: Any) -> Optional[int]:
         if node is None or node.op != "Const":
@@ -132,15 +178,14 @@ def _unbounded_repeat(dataset: tf.data.Dataset) -> Optional[str]:
         return int(value) if value.size == 1 else None
 
     def search(nodes: dict[str, Any], name: str, in_functions: frozenset[str]) -> Optional[str]:
-        """Why the dataset made by node ``name`` repeats forever, or None."""
         node = nodes.get(name)
         if node is None:
             return None
         inputs = [i.split(":")[0] for i in node.input if not i.startswith("^")]
         if node.op in _BOUNDING_OPS:
             count = const_value(nodes.get(inputs[1])) if node.op == "TakeDataset" and len(inputs) > 1 else 0
-            if count is None or count >= 0:
-                return None  # bounded here, whatever is upstream
+            if count is None or count != -1:
+                return None
         if node.op == "RepeatDataset" and len(inputs) > 1 and const_value(nodes.get(inputs[1])) == -1:
             return "repeat() with no count"
         for attr in node.attr.values():
@@ -149,17 +194,15 @@ def _unbounded_repeat(dataset: tf.data.Dataset) -> Optional[str]:
                 body = functions[function]
                 inner = {n.name: n for n in body.node_def}
                 for value in body.ret.values():
-                    found = search(inner, value.split(":")[0], in_functions | {function})
-                    if found is not None:
-                        return f"{found} inside the function of {node.op.replace('Dataset', '').lower()}"
+                    if search(inner, value.split(":")[0], in_functions | {function}) is not None:
+                        return "repeat() with no count"
         upstream = [search(nodes, i, in_functions) for i in inputs if nodes.get(i) is not None]
-        if node.op == "ZipDataset":  # ends with its shortest input
+        if node.op == "ZipDataset":
             return upstream[0] if upstream and all(upstream) else None
         return next((found for found in upstream if found), None)
 
-    top = {node.name: node for node in graph.node}
-    outputs = [i.split(":")[0] for node in graph.node if node.op == "_Retval" for i in node.input]
-    return next((found for found in (search(top, o, frozenset()) for o in outputs) if found), None)
+    nodes = {node.name: node for node in graph_def.node}
+    return next((found for found in (search(nodes, o, frozenset()) for o in outputs) if found), None)
 
 
 class TFDatasetSource:
