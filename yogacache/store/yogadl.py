@@ -189,6 +189,9 @@ def _drop_stale(store: Store, dataset_id: str, dataset_version: str, manifest: M
         "the YogaDL cache %s this cache of %s:%s was converted from is gone: building it afresh",
         legacy_location(store, dataset_id, dataset_version), dataset_id, dataset_version,
     )
+    current = _manifest(store, dataset_id, dataset_version)
+    if current is None or current.build_id != manifest.build_id:
+        return  # another process removed (and perhaps rebuilt) it meanwhile
     remote = _objects(store) is not None
     try:
         store.remove(dataset_id, dataset_version, remote=remote, local=True)
