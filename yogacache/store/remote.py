@@ -31,7 +31,6 @@ from yogacache.format.integrity import Verify, sha256_file, stamp_verified
 from yogacache.format.manifest import MANIFEST_NAME, Manifest, PartInfo
 from yogacache.format.sources import source_for
 from yogacache.format.writer import BuildLimits
-from yogacache.format.yogadl_legacy import LEGACY_CACHE_NAME
 from yogacache.locks import FileLock
 from yogacache.progress import TransferProgress
 from yogacache.read.reader import CacheReader
@@ -295,6 +294,8 @@ class RemoteCacheStore:
             return
         keep = {self.part_key(remote, part) for part in remote.parts}
         # A YogaDL cache.mdb beside the cache is not ours to delete (yogacache.store.yogadl).
+        from yogacache.format.yogadl_legacy import LEGACY_CACHE_NAME
+
         keep |= {self.key(dataset_id, dataset_version, n) for n in (MANIFEST_NAME, LEASE_NAME, LEGACY_CACHE_NAME)}
         for info in self.objects.list(self.key(dataset_id, dataset_version)):
             if info.key not in keep:
