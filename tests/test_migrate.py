@@ -26,6 +26,7 @@ import yogadl
 import yogadl.tensorflow
 
 import yogacache
+import yogacache.dataref
 from yogacache.errors import CacheNotFoundError
 from yogacache.format.manifest import MANIFEST_NAME, Manifest
 from yogacache.format.yogadl_legacy import LEGACY_EXTRA_KEY, RefusedPickleError, YogaDLCache
@@ -127,6 +128,14 @@ def test_cacheable_uses_the_yogadl_cache_then_rebuilds_when_it_is_deleted(tmp_pa
     assert calls == [55]
     assert values(make(range_size=70).stream()) == list(range(55))  # a yogacache cache now
     assert calls == [55]
+
+
+def test_lmdb_dataref_of_a_cache_mdb_path(tmp_path: Path) -> None:
+    legacy = write_yogadl_cache(tmp_path / "range" / "1" / "cache.mdb", tf.data.Dataset.range(6))
+    with pytest.raises(CacheNotFoundError, match="is a YogaDL cache: convert it first"):
+        yogacache.dataref.LMDBDataRef(legacy)
+    LFSStorage(LFSConfigurations(str(tmp_path))).fetch("range", "1")
+    assert values(yogacache.dataref.LMDBDataRef(legacy).stream()) == list(range(6))
 
 
 def test_fetch_after_the_yogadl_cache_is_deleted_is_not_found(tmp_path: Path) -> None:

@@ -19,8 +19,11 @@ import numpy as np
 
 from yogacache import launcher
 from yogacache.arguments import skip_shuffle_flag
+from yogacache.errors import CacheNotFoundError
+from yogacache.format.manifest import MANIFEST_NAME
 from yogacache.format.sources import AnnotatedSource, source_for
 from yogacache.format.spec import Spec
+from yogacache.format.yogadl_legacy import LEGACY_CACHE_NAME
 from yogacache.read.options import DEFAULT_SHUFFLE_MODE, ReadOptions
 from yogacache.read.pipeline import Stream, read_stream
 from yogacache.read.reader import CacheReader
@@ -74,7 +77,19 @@ class CacheDataRef(DataRef):
     """A DataRef over a sealed local cache (given as its reader or its directory)."""
 
     def __init__(self, reader: Union[CacheReader, str, "os.PathLike[str]"]) -> None:
-        self.reader = reader if isinstance(reader, CacheReader) else CacheReader(Path(reader))
+        if isinstance(reader, CacheReader):
+            self.reader = reader
+            return
+        directory = Path(reader)
+        if directory.name == LEGACY_CACHE_NAME and directory.is_file():
+            # YogaDL's LMDBDataRef took the cache.mdb: its converted cache lives beside it.
+            if not (directory.parent / MANIFEST_NAME).is_file():
+                raise CacheNotFoundError(
+                    f"{directory} is a YogaDL cache: convert it first (yogacache migrate, or "
+                    "fetch it through yogacache.storage), then open its directory"
+                )
+            directory = directory.parent
+        self.reader = CacheReader(directory)
 
     @property
     def manifest(self) -> Any:
