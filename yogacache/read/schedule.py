@@ -8,6 +8,7 @@ into checkpoints. Pure numpy, no I/O.
 
 from __future__ import annotations
 
+import sys
 import warnings
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Mapping, Optional
@@ -88,6 +89,14 @@ class ResumeState:
         )
 
 
+def _caller_level() -> int:
+    """The ``stacklevel`` that points a warning at the first caller outside yogacache."""
+    level, frame = 2, sys._getframe(2)
+    while frame is not None and str(frame.f_globals.get("__name__", "")).startswith("yogacache."):
+        level, frame = level + 1, frame.f_back  # type: ignore[assignment]
+    return level
+
+
 class ReadSchedule:
     """The read order of one rank over ``num_records`` records, as ``options`` define it.
 
@@ -110,7 +119,7 @@ class ReadSchedule:
                 f"has {self.num_records} record(s), fewer than num_shards{remainder}. Use fewer "
                 "shards or a larger dataset",
                 UserWarning,
-                stacklevel=2,
+                stacklevel=_caller_level(),
             )
         self.start: tuple[int, int]
         if options.resume_state is not None:
