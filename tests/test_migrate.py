@@ -27,10 +27,18 @@ import yogadl.tensorflow
 
 import yogacache
 import yogacache.dataref
+from tests.cloud_helpers import Cloud
 from yogacache.errors import CacheNotFoundError
 from yogacache.format.manifest import MANIFEST_NAME, Manifest
 from yogacache.format.yogadl_legacy import LEGACY_EXTRA_KEY, RefusedPickleError, YogaDLCache
-from yogacache.storage import LFSConfigurations, LFSStorage, S3Configurations, S3Storage
+from yogacache.storage import (
+    GCSConfigurations,
+    GCSStorage,
+    LFSConfigurations,
+    LFSStorage,
+    S3Configurations,
+    S3Storage,
+)
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -217,24 +225,31 @@ def test_metadata_that_names_another_type_is_refused(tmp_path: Path) -> None:
         YogaDLCache(legacy)
 
 
-def test_s3_yogadl_cache_is_converted_published_and_kept(s3_server: Any, tmp_path: Path) -> None:
-    bucket = s3_server.new_bucket()
-    legacy = write_yogadl_cache(tmp_path / "made" / "cache.mdb", tf.data.Dataset.range(12))
-    client = s3_server.client()
-    client.upload_file(str(legacy), bucket, "unit-tests/range/0/cache.mdb")
+@pytest.fixture(params=["s3", "gcs"])
+def cloud(request: pytest.FixtureRequest) -> Cloud:
+    kind = request.param
+    return Cloud(kind, request.getfixturevalue("s3_server" if kind == "s3" else "gcs_server"))
 
-    def storage(node: str) -> S3Storage:
-        made = S3Storage(
-            S3Configurations(bucket, "unit-tests", endpoint_url=s3_server.endpoint_url,
-                             local_cache_dir=str(tmp_path / node))
-        )
+
+def test_cloud_yogadl_cache_is_converted_published_and_kept(cloud: Cloud, tmp_path: Path) -> None:
+    bucket = cloud.new_bucket()
+    legacy = write_yogadl_cache(tmp_path / "made" / "cache.mdb", tf.data.Dataset.range(12))
+    cloud.raw_put(bucket, "unit-tests/range/0/cache.mdb", legacy.read_bytes())
+
+    def storage(node: str) -> Any:
+        local = str(tmp_path / node)
+        if cloud.kind == "s3":
+            made: Any = S3Storage(
+                S3Configurations(bucket, "unit-tests", endpoint_url=cloud.server.endpoint_url, local_cache_dir=local)
+            )
+        else:
+            made = GCSStorage(GCSConfigurations(bucket, "unit-tests", local_cache_dir=local))
         made.store.show_progress = False
         return made
 
     assert values(storage("a").fetch("range", "0").stream()) == list(range(12))
-    keys = sorted(o["Key"] for o in client.list_objects_v2(Bucket=bucket)["Contents"])
-    assert "unit-tests/range/0/manifest.json" in keys
-    assert client.get_object(Bucket=bucket, Key="unit-tests/range/0/cache.mdb")["Body"].read() == legacy.read_bytes()
+    assert "unit-tests/range/0/manifest.json" in cloud.raw_keys(bucket)
+    assert cloud.raw_get(bucket, "unit-tests/range/0/cache.mdb") == legacy.read_bytes()  # kept
 
     @storage("b").cacheable("range", "0")
     def make() -> tf.data.Dataset:
@@ -242,7 +257,7 @@ def test_s3_yogadl_cache_is_converted_published_and_kept(s3_server: Any, tmp_pat
 
     assert values(make().stream(shard_rank=1, num_shards=2)) == list(range(1, 12, 2))
 
-    client.delete_object(Bucket=bucket, Key="unit-tests/range/0/cache.mdb")  # YogaDL's invalidation
+    cloud.raw_delete(bucket, "unit-tests/range/0/cache.mdb")  # YogaDL's invalidation
 
     @storage("b").cacheable("range", "0")
     def remake() -> tf.data.Dataset:
