@@ -285,3 +285,28 @@ def test_cli_migrate(tmp_path: Path) -> None:
         capture_output=True, text=True, env=env, timeout=300,
     )
     assert missing.returncode != 0 and "no YogaDL cache of range:2" in missing.stderr
+
+
+def test_cli_migrate_refuses_a_malicious_cache_and_converts_from_s3(s3_server: Any, tmp_path: Path) -> None:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    marker = tmp_path / "exploited"
+    _malicious_cache(tmp_path / "lfs" / "evil" / "1" / "cache.mdb", marker)
+    refused = subprocess.run(
+        [sys.executable, "-m", "yogacache", "migrate", "evil", "1", "--storage", str(tmp_path / "lfs")],
+        capture_output=True, text=True, env=env, timeout=300,
+    )
+    assert refused.returncode == 1 and "posix.system" in refused.stderr and "Traceback" not in refused.stderr
+    assert not marker.exists()
+
+    bucket = s3_server.new_bucket()
+    legacy = write_yogadl_cache(tmp_path / "made" / "cache.mdb", tf.data.Dataset.range(9))
+    s3_server.client().upload_file(str(legacy), bucket, "caches/range/2/cache.mdb")
+    done = subprocess.run(
+        [sys.executable, "-m", "yogacache", "migrate", "range", "2", "--storage", f"s3://{bucket}/caches",
+         "--endpoint-url", s3_server.endpoint_url, "--local-cache", str(tmp_path / "local")],
+        capture_output=True, text=True, env=env, timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    assert f"s3://{bucket}/caches/range/2/cache.mdb" in done.stdout and "9 records" in done.stdout
+    keys = [o["Key"] for o in s3_server.client().list_objects_v2(Bucket=bucket)["Contents"]]
+    assert "caches/range/2/manifest.json" in keys and "caches/range/2/cache.mdb" in keys
