@@ -310,3 +310,26 @@ def test_cli_migrate_refuses_a_malicious_cache_and_converts_from_s3(s3_server: A
     assert f"s3://{bucket}/caches/range/2/cache.mdb" in done.stdout and "9 records" in done.stdout
     keys = [o["Key"] for o in s3_server.client().list_objects_v2(Bucket=bucket)["Contents"]]
     assert "caches/range/2/manifest.json" in keys and "caches/range/2/cache.mdb" in keys
+
+
+def test_a_remote_hit_through_the_facade_costs_one_read(s3_server: Any, tmp_path: Path) -> None:
+    """Looking for YogaDL caches adds no request to a hit on a yogacache cache."""
+    from tests.cloud_helpers import CountingStore
+
+    bucket = s3_server.new_bucket()
+    storage = S3Storage(
+        S3Configurations(bucket, "p", endpoint_url=s3_server.endpoint_url, local_cache_dir=str(tmp_path / "l"))
+    )
+    storage.store.show_progress = False
+    counting = CountingStore(storage.store.objects)
+    storage.store.objects = counting
+
+    @storage.cacheable("ds", "1")
+    def make() -> tf.data.Dataset:
+        return tf.data.Dataset.range(4)
+
+    assert values(make().stream()) == [0, 1, 2, 3]
+    counting.reset()
+    assert values(make().stream()) == [0, 1, 2, 3]
+    assert values(storage.fetch("ds", "1").stream()) == [0, 1, 2, 3]
+    assert counting.counts() == {"read": 2}  # one manifest read per call, no listing

@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 import uuid
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterator, Optional
 
 from yogacache.errors import CacheNotFoundError, CorruptCacheError, YogaCacheError
 from yogacache.format.durability import fsync_path
@@ -129,31 +129,59 @@ def _check_migration(
 
 
 def _migrate_remote(store: Any, dataset_id: str, dataset_version: str, force: bool) -> Manifest:
-    """Downloads the cache.mdb object and builds the published cache from it through the
-    store (its lease lets one node convert while the others wait); the object stays."""
+    """Builds the published cache from the cache.mdb object through the store (its lease lets
+    one node convert while the others wait; its build replaces a published cache); the object
+    stays."""
     state, current = _check_migration(store, dataset_id, dataset_version, force)
     if current is not None and not force and _converted_state(current) == state:
         return current
-    local = store.local
-    key = store.key(dataset_id, dataset_version, LEGACY_CACHE_NAME)
-    scratch = local.root / dataset_id / f".{dataset_version}.yogadl-{uuid.uuid4().hex[:8]}.mdb"
-    scratch.parent.mkdir(parents=True, exist_ok=True, mode=0o755)
-    try:
-        store.objects.download_file(key, scratch)
-        downloaded = LegacyFileState.of_file(scratch)
-        if downloaded is None or downloaded.size != state.size:
-            raise CorruptCacheError(f"{store.objects.url(key)} changed while it was downloaded; try again")
-        extra = {LEGACY_EXTRA_KEY: state.to_json()}
-        if current is None:
-            reader = store.get_or_build(
-                dataset_id, dataset_version, lambda: AnnotatedSource(YogaDLSource(scratch), extra)
-            )
-            return reader.manifest  # type: ignore[no-any-return]
-        # The published cache was converted from an older cache.mdb (or is replaced on request):
-        # the store's build replaces the published cache conditionally.
-        return store.build(dataset_id, dataset_version, AnnotatedSource(YogaDLSource(scratch), extra))  # type: ignore[no-any-return]
-    finally:
-        scratch.unlink(missing_ok=True)
+    if current is None:
+        reader = store.get_or_build(
+            dataset_id, dataset_version, lambda: _legacy_source(store, dataset_id, dataset_version, state)
+        )
+        return reader.manifest  # type: ignore[no-any-return]
+    # Converted from an older cache.mdb, or replaced on request.
+    return store.build(  # type: ignore[no-any-return]
+        dataset_id, dataset_version, _legacy_source(store, dataset_id, dataset_version, state)
+    )
+
+
+class _DownloadedYogaDLSource:
+    """A remote store's cache.mdb object, downloaded to a scratch file beside the local copies,
+    as a record source; the file is deleted once it has been read."""
+
+    kind = YogaDLSource.kind
+
+    def __init__(self, store: Any, dataset_id: str, dataset_version: str, state: LegacyFileState) -> None:
+        key = store.key(dataset_id, dataset_version, LEGACY_CACHE_NAME)
+        self.path = store.local.root / dataset_id / f".{dataset_version}.yogadl-{uuid.uuid4().hex[:8]}.mdb"
+        self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o755)
+        try:
+            store.objects.download_file(key, self.path)
+            downloaded = LegacyFileState.of_file(self.path)
+            if downloaded is None or downloaded.size != state.size:
+                raise CorruptCacheError(f"{store.objects.url(key)} changed while it was downloaded; try again")
+            self.source = YogaDLSource(self.path)
+        except BaseException:
+            self.path.unlink(missing_ok=True)
+            raise
+        self.cardinality = self.source.cardinality
+
+    def spec(self) -> Any:
+        return self.source.spec()
+
+    def encoded_batches(self) -> Iterator[list[bytes]]:
+        try:
+            yield from self.source.encoded_batches()
+        finally:
+            self.path.unlink(missing_ok=True)
+
+
+def _legacy_source(store: Any, dataset_id: str, dataset_version: str, state: LegacyFileState) -> AnnotatedSource:
+    """What a remote store builds a converted cache from (the conversion recorded in its manifest)."""
+    return AnnotatedSource(
+        _DownloadedYogaDLSource(store, dataset_id, dataset_version, state), {LEGACY_EXTRA_KEY: state.to_json()}
+    )
 
 
 def _convert(local: Any, dataset_id: str, dataset_version: str, path: Path, state: LegacyFileState) -> Manifest:
@@ -218,18 +246,57 @@ def _resolve(store: Store, dataset_id: str, dataset_version: str) -> Optional[bo
 
 def fetch(store: Store, dataset_id: str, dataset_version: str) -> CacheReader:
     """``store.open``, where a YogaDL cache counts as a cache (converted on first use)."""
-    if _resolve(store, dataset_id, dataset_version) is None:
-        raise CacheNotFoundError(
-            f"no cache for dataset {dataset_id!r} version {dataset_version!r} at "
-            f"{store.location(dataset_id, dataset_version)}"
-        )
-    return store.open(dataset_id, dataset_version)
+    if _objects(store) is None:
+        if _resolve(store, dataset_id, dataset_version) is None:
+            raise CacheNotFoundError(
+                f"no cache for dataset {dataset_id!r} version {dataset_version!r} at "
+                f"{store.location(dataset_id, dataset_version)}"
+            )
+        return store.open(dataset_id, dataset_version)
+    # Remote: a cache hit costs what store.open costs; the cache.mdb object is listed only on a
+    # miss, or for a cache converted from one.
+    try:
+        reader = store.open(dataset_id, dataset_version)
+    except CacheNotFoundError:
+        if legacy_state(store, dataset_id, dataset_version) is None:
+            raise
+        migrate(store, dataset_id, dataset_version)
+        return store.open(dataset_id, dataset_version)
+    if _follow_remote(store, dataset_id, dataset_version, reader.manifest):
+        return reader
+    return fetch(store, dataset_id, dataset_version)
 
 
 def get_or_build(
     store: Store, dataset_id: str, dataset_version: str, make_data: Callable[[], Any]
 ) -> CacheReader:
     """``store.get_or_build``, where a YogaDL cache counts as a cache (converted on first use)."""
-    _resolve(store, dataset_id, dataset_version)
-    return store.get_or_build(dataset_id, dataset_version, make_data)
+    if _objects(store) is None:
+        _resolve(store, dataset_id, dataset_version)
+        return store.get_or_build(dataset_id, dataset_version, make_data)
 
+    def build() -> Any:  # on a miss, under the store's build lease
+        state = legacy_state(store, dataset_id, dataset_version)
+        return make_data() if state is None else _legacy_source(store, dataset_id, dataset_version, state)
+
+    reader = store.get_or_build(dataset_id, dataset_version, build)
+    if _follow_remote(store, dataset_id, dataset_version, reader.manifest):
+        return reader
+    return store.get_or_build(dataset_id, dataset_version, build)
+
+
+def _follow_remote(store: Store, dataset_id: str, dataset_version: str, manifest: Manifest) -> bool:
+    """True when ``manifest`` is a yogacache build or the conversion of the cache.mdb object as it
+    is now; else brings the published cache into line (removes it when the cache.mdb is gone,
+    converts again when it changed) and returns False: the caller opens the cache again."""
+    converted = _converted_state(manifest)
+    if converted is None:
+        return True
+    state = legacy_state(store, dataset_id, dataset_version)
+    if state == converted:
+        return True
+    if state is None:
+        _drop_stale(store, dataset_id, dataset_version, manifest)
+    else:
+        migrate(store, dataset_id, dataset_version, force=True)
+    return False
