@@ -333,3 +333,36 @@ def test_a_remote_hit_through_the_facade_costs_one_read(s3_server: Any, tmp_path
     assert values(make().stream()) == [0, 1, 2, 3]
     assert values(storage.fetch("ds", "1").stream()) == [0, 1, 2, 3]
     assert counting.counts() == {"read": 2}  # one manifest read per call, no listing
+
+
+CONVERT_SCRIPT = """
+import json, os, sys, time
+root, go = sys.argv[1:3]
+from yogacache.storage import LFSConfigurations, LFSStorage
+storage = LFSStorage(LFSConfigurations(root))
+storage.store.show_progress = False
+
+@storage.cacheable("range", "1")
+def make():
+    raise AssertionError("the YogaDL cache should have been converted, not rebuilt")
+
+deadline = time.time() + 60
+while not os.path.exists(go) and time.time() < deadline:
+    time.sleep(0.01)
+ref = make()
+print(json.dumps({"values": [int(x) for x in ref.stream()], "build": ref.manifest.build_id}))
+"""
+
+
+def test_processes_converting_at_once_convert_once(tmp_path: Path) -> None:
+    from tests.cloud_helpers import finish, start_python
+
+    legacy = write_yogadl_cache(tmp_path / "range" / "1" / "cache.mdb", tf.data.Dataset.range(30))
+    before = digest(legacy)
+    go = tmp_path / "go"
+    processes = [start_python(CONVERT_SCRIPT, str(tmp_path), str(go)) for _ in range(3)]
+    go.touch()
+    results = [finish(process, timeout=240) for process in processes]
+    assert all(result["values"] == list(range(30)) for result in results)
+    assert len({result["build"] for result in results}) == 1  # one conversion, read by all
+    assert digest(legacy) == before
