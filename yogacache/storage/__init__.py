@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import functools
-import pathlib
 import warnings
-from pathlib import Path
+from pathlib import Path, PurePath
 from typing import Any, Callable, Optional
 
 from yogacache.config import GCSConfig, S3Config, StorageConfig
@@ -88,9 +87,9 @@ def _warn_coordinator(url: Any, cert_file: Any, cert_name: Any) -> None:
         )
 
 
-def _object_prefix(path: "str | pathlib.PurePath") -> str:
+def _object_prefix(path: "str | PurePath") -> str:
     """The object-key prefix a ``bucket_directory_path`` stands for ("" for the bucket's root)."""
-    text = pathlib.PurePath(path).as_posix().strip("/")
+    text = PurePath(path).as_posix().strip("/")
     return "" if text == "." else text
 
 
@@ -110,7 +109,7 @@ class BaseCloudConfigurations:
         _warn_coordinator(url, coordinator_cert_file, coordinator_cert_name)
         self.bucket = bucket
         # A pathlib.Path, as in YogaDL (its programs call ``joinpath`` on it).
-        self.bucket_directory_path = pathlib.Path(bucket_directory_path)
+        self.bucket_directory_path = Path(bucket_directory_path)
         self.url = url
         self.local_cache_dir = Path(local_cache_dir)
         self.skip_verify = skip_verify
