@@ -350,6 +350,20 @@ def cmd_push(store: Store, args: argparse.Namespace) -> int:
     return 0
 
 
+# -- migrate (YogaDL caches) -----------------------------------------------------------------
+def cmd_migrate(store: Store, args: argparse.Namespace) -> int:
+    """Converts a YogaDL 0.1.4 cache (``<id>/<version>/cache.mdb``) into a yogacache cache."""
+    from yogacache.store import yogadl as yogadl_caches
+
+    legacy = yogadl_caches.legacy_location(store, args.dataset_id, args.version)
+    manifest = yogadl_caches.migrate(store, args.dataset_id, args.version, force=args.force)
+    print(
+        f"converted {legacy} into {args.dataset_id} {args.version} ({manifest.num_records:,} records) at "
+        f"{store.location(args.dataset_id, args.version)}; the YogaDL cache.mdb is kept"
+    )
+    return 0
+
+
 def _publisher(store: Store, args: argparse.Namespace) -> Store:
     """The store that publishes: the remote store, reading the local cache from ``--from`` or,
     when the remote store's local copies do not hold it, from the local default store (where
@@ -574,6 +588,17 @@ def build_parser() -> argparse.ArgumentParser:
     )
     cache_arguments(push)
     push.add_argument("--from", dest="source", metavar="DIR", help="the cache directory to publish from")
+
+    migrate = command(
+        "migrate",
+        cmd_migrate,
+        "convert a YogaDL 0.1.4 cache (<id>/<version>/cache.mdb) into a yogacache cache",
+        "The cache beside it is published too, for s3:// and gs:// storages. Its pickles are read\n"
+        "by a restricted unpickler that never runs code; cache.mdb itself is left as it was.\n\n"
+        "example:\n  yogacache migrate mnist v1 --storage /data/yogadl",
+    )
+    cache_arguments(migrate)
+    migrate.add_argument("--force", action="store_true", help="convert again even if a converted cache is in place")
     return parser
 
 

@@ -3,18 +3,20 @@
 from __future__ import annotations
 
 import functools
+import importlib.util
 from typing import Any, Callable, Mapping, Optional, Union
 
 from yogacache import launcher
-from yogacache.arguments import as_int
+from yogacache.arguments import as_int, skip_shuffle_flag
 from yogacache.config import StorageConfig, parse_config
-from yogacache.dataref import CacheDataRef
+from yogacache.dataref import CacheDataRef, cached_dataref
 from yogacache.format.integrity import Verify
 from yogacache.format.writer import BuildLimits
 from yogacache.names import validate_name
 from yogacache.read.options import DEFAULT_SHUFFLE_MODE, ReadOptions
 from yogacache.read.schedule import ResumeState
 from yogacache.store import open_store
+from yogacache.store import yogadl as yogadl_caches
 
 TRAIN_SUFFIX = "_train"
 VALIDATION_SUFFIX = "_val"
@@ -84,7 +86,7 @@ class DataLayer:
     # -- building blocks ------------------------------------------------------------------
     def dataref(self, dataset_id: str, dataset_version: str, make_data: Callable[[], Any]) -> CacheDataRef:
         """The cache of (dataset_id, dataset_version), built from ``make_data()`` on a miss."""
-        return CacheDataRef(self.store.get_or_build(dataset_id, dataset_version, make_data))
+        return CacheDataRef(yogadl_caches.get_or_build(self.store, dataset_id, dataset_version, make_data))
 
     def rank_for(self, input_context: Any = None) -> launcher.RankInfo:
         """This process's rank and shard count; an InputContext fills in what was not explicit."""
@@ -109,7 +111,7 @@ class DataLayer:
         def decorator(make_dataset: Callable[..., Any]) -> Callable[..., Any]:
             @functools.wraps(make_dataset)
             def cached(*args: Any, **kwargs: Any) -> Any:
-                ref = self.dataref(dataset_id, version, lambda: make_dataset(*args, **kwargs))
+                ref = cached_dataref(self.store, dataset_id, version, make_dataset, args, kwargs)
                 contexts = [a for a in (*args, *kwargs.values()) if launcher.is_input_context(a)]
                 return _ADAPTERS[returns](ref, read_options(self.rank_for(contexts[0] if contexts else None)))
 
@@ -130,7 +132,7 @@ class DataLayer:
         def decorator(make_dataset: Callable[..., Any]) -> Callable[..., CacheDataRef]:
             @functools.wraps(make_dataset)
             def cached(*args: Any, **kwargs: Any) -> CacheDataRef:
-                return self.dataref(dataset_id, dataset_version, lambda: make_dataset(*args, **kwargs))
+                return cached_dataref(self.store, dataset_id, dataset_version, make_dataset, args, kwargs)
 
             return cached
 
@@ -146,6 +148,7 @@ class DataLayer:
         *,
         shuffle_mode: str = DEFAULT_SHUFFLE_MODE,
         returns: str = "tf",
+        skip_shuffle_end_of_epoch: Optional[bool] = None,
     ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
         """Decorates a function returning a dataset (tf.data, map-style torch, or any iterable);
         the result returns this rank's cached training shard (version ``<version>_train``,
@@ -155,7 +158,9 @@ class DataLayer:
         rank's records change from epoch to epoch; resume works with any number of ranks).
         ``returns`` picks what the decorated function returns: a ``tf.data.Dataset`` ("tf"),
         a ``yogacache.torch.CacheIterableDataset`` ("torch") or a ``Stream`` ("stream").
+        ``skip_shuffle_end_of_epoch`` is Determined's spelling of ``skip_shuffle_at_epoch_end``.
         """
+        skip_shuffle_at_epoch_end = skip_shuffle_flag(skip_shuffle_at_epoch_end, skip_shuffle_end_of_epoch)
         return self._decorate(
             dataset_id,
             dataset_version,
@@ -198,7 +203,16 @@ class DataLayer:
 
 
 def _tf_adapter(ref: CacheDataRef, options: ReadOptions) -> Any:
-    from yogacache.tensorflow import make_tf_dataset
+    try:
+        from yogacache.tensorflow import make_tf_dataset
+    except ImportError as error:
+        if importlib.util.find_spec("tensorflow") is not None:
+            raise
+        raise ImportError(
+            "the decorated function returns a tf.data.Dataset by default (returns='tf'), and "
+            "TensorFlow is not installed: pass returns='torch' for a PyTorch dataset or "
+            "returns='stream' for a Stream (or install TensorFlow: pip install 'yogacache[tf]')"
+        ) from error
 
     return make_tf_dataset(ref.open_stream(options))
 

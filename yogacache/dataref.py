@@ -7,14 +7,42 @@ The facade: ``stream`` takes YogaDL's loose arguments and converts them once int
 from __future__ import annotations
 
 import abc
-from typing import Any, Callable, Mapping, Optional
+import hashlib
+import inspect
+import json
+import os
+import warnings
+from pathlib import Path, PurePath
+from typing import Any, Callable, Mapping, Optional, Union
 
+import numpy as np
+
+from yogacache import launcher
+from yogacache.arguments import skip_shuffle_flag
+from yogacache.errors import CacheNotFoundError
+from yogacache.format.manifest import MANIFEST_NAME
+from yogacache.format.sources import AnnotatedSource, source_for
 from yogacache.format.spec import Spec
+from yogacache.format.yogadl_legacy import LEGACY_CACHE_NAME
 from yogacache.read.options import DEFAULT_SHUFFLE_MODE, ReadOptions
 from yogacache.read.pipeline import Stream, read_stream
 from yogacache.read.reader import CacheReader
+from yogacache.store import yogadl as yogadl_caches
+from yogacache.store.base import Store
 
-__all__ = ["CacheDataRef", "DataRef", "Storage", "Stream"]
+__all__ = [
+    "ARGUMENTS_EXTRA_KEY",
+    "CacheDataRef",
+    "DataRef",
+    "LMDBDataRef",
+    "Storage",
+    "Stream",
+    "arguments_fingerprint",
+    "cached_dataref",
+]
+
+# The manifest ``extra`` entry recording the arguments a cache's dataset function was called with.
+ARGUMENTS_EXTRA_KEY = "build_arguments"
 
 
 class DataRef(metaclass=abc.ABCMeta):
@@ -46,10 +74,22 @@ def _tf_structure(spec: Spec, what: str) -> Any:
 
 
 class CacheDataRef(DataRef):
-    """A DataRef over a sealed local cache."""
+    """A DataRef over a sealed local cache (given as its reader or its directory)."""
 
-    def __init__(self, reader: CacheReader) -> None:
-        self.reader = reader
+    def __init__(self, reader: Union[CacheReader, str, "os.PathLike[str]"]) -> None:
+        if isinstance(reader, CacheReader):
+            self.reader = reader
+            return
+        directory = Path(reader)
+        if directory.name == LEGACY_CACHE_NAME and directory.is_file():
+            # YogaDL's LMDBDataRef took the cache.mdb: its converted cache lives beside it.
+            if not (directory.parent / MANIFEST_NAME).is_file():
+                raise CacheNotFoundError(
+                    f"{directory} is a YogaDL cache: convert it first (yogacache migrate, or "
+                    "fetch it through yogacache.storage), then open its directory"
+                )
+            directory = directory.parent
+        self.reader = CacheReader(directory)
 
     @property
     def manifest(self) -> Any:
@@ -70,14 +110,16 @@ class CacheDataRef(DataRef):
         *,
         shuffle_mode: str = DEFAULT_SHUFFLE_MODE,
         resume_state: Optional[Mapping[str, Any]] = None,
+        skip_shuffle_end_of_epoch: Optional[bool] = None,
     ) -> Stream:
         """YogaDL's ``stream``, plus ``shuffle_mode="global"`` (each epoch one permutation of the
         whole dataset dealt out to the ranks, resumable with any number of ranks) and
-        ``resume_state`` (a ``Stream.state_dict`` result, instead of ``start_offset``)."""
+        ``resume_state`` (a ``Stream.state_dict`` result, instead of ``start_offset``).
+        ``skip_shuffle_end_of_epoch`` is Determined's spelling of ``skip_shuffle_at_epoch_end``."""
         options = ReadOptions.from_stream_args(
             start_offset,
             shuffle,
-            skip_shuffle_at_epoch_end,
+            skip_shuffle_flag(skip_shuffle_at_epoch_end, skip_shuffle_end_of_epoch),
             shuffle_seed,
             shard_rank,
             num_shards,
@@ -90,6 +132,11 @@ class CacheDataRef(DataRef):
     def open_stream(self, options: ReadOptions) -> Stream:
         """The stream ``options`` define (``stream`` with its arguments already converted)."""
         return read_stream(self.reader, options, spec_converter=_tf_structure)
+
+
+# YogaDL's name for the DataRef its storages return (``yogadl.dataref.LMDBDataRef``): programs
+# annotate with it and check ``isinstance`` on what ``fetch`` and ``cacheable`` return.
+LMDBDataRef = CacheDataRef
 
 
 class Storage(metaclass=abc.ABCMeta):
@@ -106,3 +153,84 @@ class Storage(metaclass=abc.ABCMeta):
     @abc.abstractmethod
     def cacheable(self, dataset_id: str, dataset_version: str) -> Callable[..., Any]:
         """A decorator: the wrapped function builds the dataset only when it is not cached."""
+
+
+# -- the decorators' shared call ------------------------------------------------------------------
+def _canonical(value: Any) -> Any:
+    """``value`` as JSON that is equal exactly when the values are (objects of other types
+    count by type only: their reprs hold addresses)."""
+    if value is None or isinstance(value, (bool, int, str)):
+        return value
+    if isinstance(value, float):
+        return {"float": repr(value)}
+    if isinstance(value, (bytes, bytearray)):
+        return {"bytes": hashlib.sha256(bytes(value)).hexdigest()}
+    if isinstance(value, np.generic):
+        return {"numpy": value.dtype.str, "value": _canonical(value.item())}
+    if isinstance(value, np.ndarray) and not value.dtype.hasobject:
+        digest = hashlib.sha256(np.ascontiguousarray(value).tobytes()).hexdigest()
+        return {"ndarray": value.dtype.str, "shape": list(value.shape), "sha256": digest}
+    if isinstance(value, PurePath):
+        return {"path": str(value)}
+    if isinstance(value, (list, tuple)):
+        return {type(value).__name__: [_canonical(item) for item in value]}
+    if isinstance(value, Mapping):
+        items = [[_canonical(k), _canonical(v)] for k, v in value.items()]
+        return {"dict": sorted(items, key=lambda item: json.dumps(item, sort_keys=True))}
+    kind = type(value)
+    return {"object": f"{kind.__module__}.{kind.__qualname__}"}
+
+
+def arguments_fingerprint(function: Callable[..., Any], args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> str:
+    """A hash of the arguments ``function`` is called with, by parameter name and with defaults
+    filled in (``make(3)`` and ``make(size=3)`` agree); a ``tf.distribute.InputContext`` (one per
+    rank) does not count. Only the hash is kept: arguments may hold secrets."""
+    try:
+        bound = inspect.signature(function).bind(*args, **kwargs)
+        bound.apply_defaults()
+        named: dict[str, Any] = dict(bound.arguments)
+    except (TypeError, ValueError):
+        named = {"*args": args, "**kwargs": dict(kwargs)}
+    kept = {name: value for name, value in named.items() if not launcher.is_input_context(value)}
+    text = json.dumps(_canonical(kept), sort_keys=True, separators=(",", ":"))
+    return "sha256:" + hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def cached_dataref(
+    store: Store,
+    dataset_id: str,
+    dataset_version: str,
+    make_dataset: Callable[..., Any],
+    args: tuple[Any, ...] = (),
+    kwargs: Optional[Mapping[str, Any]] = None,
+) -> CacheDataRef:
+    """The cache of (dataset_id, dataset_version), built from ``make_dataset(*args, **kwargs)``
+    when nobody has built it (a YogaDL cache.mdb counts as built).
+
+    As in YogaDL, the arguments are not part of the cache key; the build records their
+    fingerprint in the manifest, and a call with other arguments gets the cached dataset with a
+    warning saying so.
+    """
+    kwargs = dict(kwargs or {})
+    fingerprint = arguments_fingerprint(make_dataset, args, kwargs)
+    extra = {ARGUMENTS_EXTRA_KEY: {"fingerprint": fingerprint}}
+    reader = yogadl_caches.get_or_build(
+        store,
+        dataset_id,
+        dataset_version,
+        lambda: AnnotatedSource(source_for(make_dataset(*args, **kwargs)), extra),
+    )
+    recorded = reader.manifest.extra.get(ARGUMENTS_EXTRA_KEY)
+    recorded = recorded.get("fingerprint") if isinstance(recorded, dict) else None
+    if recorded is not None and recorded != fingerprint:
+        name = getattr(make_dataset, "__qualname__", "the dataset function")
+        warnings.warn(
+            f"{name}() was called with other arguments than those the cache "
+            f"{dataset_id}:{dataset_version} was built with: function arguments are not part of "
+            "the cache key (as in YogaDL), so this returns the cached dataset, not one made with "
+            "these arguments. Use another dataset_version for a different dataset, or remove the "
+            f"cache (yogacache rm {dataset_id} {dataset_version}) to rebuild it",
+            UserWarning,
+            stacklevel=3,
+        )
+    return CacheDataRef(reader)

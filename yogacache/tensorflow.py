@@ -111,6 +111,107 @@ def _record_bytes(spec: Spec) -> int:
     return max(1, total)
 
 
+# Dataset ops that end an unbounded input: take(n) with n >= 0, take_while(...), and
+# assert_cardinality(n) (which fails past n records).
+_BOUNDING_OPS = frozenset({"TakeDataset", "TakeWhileDataset", "AssertCardinalityDataset"})
+
+
+def _unbounded_repeat(dataset: tf.data.Dataset) -> Optional[str]:
+    """Where the dataset repeats forever upstream (a ``repeat()`` whose count is -1 that no
+    ``take``/``take_while`` bounds, in its chain of datasets or inside the function of an
+    interleave or flat_map), or None. Walks the dataset objects and their functions' graphs
+    (never the whole serialized dataset, which would copy the data of from_tensor_slices);
+    runs nothing."""
+
+    def walk(node: Any, seen: set[int]) -> Optional[str]:
+        if id(node) in seen:
+            return None
+        seen = seen | {id(node)}
+        kind = type(node).__name__
+        if "TakeWhile" in kind or "AssertCardinality" in kind:
+            return None  # bounded here, whatever is upstream
+        count = getattr(node, "_count", None)
+        if "Take" in kind and count is not None and _as_int(count) != -1:
+            return None
+        if "Repeat" in kind and count is not None and _as_int(count) == -1:
+            return "repeat() with no count"
+        for wrapper in _dataset_functions(node):
+            found = _repeat_in_function(wrapper)
+            if found is not None:
+                return f"{found} inside the function of {kind.strip('_').replace('Dataset', '').lower()}"
+        try:
+            upstream = [walk(child, seen) for child in node._inputs()]
+        except Exception:  # noqa: BLE001 - a dataset class without inputs we can see
+            return None
+        if "Zip" in kind:  # ends with its shortest input
+            return upstream[0] if upstream and all(upstream) else None
+        return next((found for found in upstream if found), None)
+
+    return walk(dataset, set())
+
+
+def _as_int(value: Any) -> Optional[int]:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return None  # a symbolic count: unknown
+
+
+def _dataset_functions(dataset: Any) -> list[Any]:
+    try:
+        return list(dataset._functions())
+    except Exception:  # noqa: BLE001
+        return []
+
+
+def _repeat_in_function(wrapper: Any) -> Optional[str]:
+    """Whether the dataset a dataset function returns (an interleave's, a flat_map's) repeats
+    forever, read from the function's graph."""
+    try:
+        graph = wrapper.function.graph
+        graph_def = graph.as_graph_def()
+        outputs = [tensor.op.name for tensor in graph.outputs]
+    except Exception:  # noqa: BLE001 - not a traced function: nothing to read
+        return None
+    functions = {function.signature.name: function for function in graph_def.library.function}
+
+    def const_value(node: Any) -> Optional[int]:
+        if node is None or node.op != "Const":
+            return None
+        try:
+            value = tf.make_ndarray(node.attr["value"].tensor)
+        except Exception:  # noqa: BLE001
+            return None
+        return int(value) if value.size == 1 else None
+
+    def search(nodes: dict[str, Any], name: str, in_functions: frozenset[str]) -> Optional[str]:
+        node = nodes.get(name)
+        if node is None:
+            return None
+        inputs = [i.split(":")[0] for i in node.input if not i.startswith("^")]
+        if node.op in _BOUNDING_OPS:
+            count = const_value(nodes.get(inputs[1])) if node.op == "TakeDataset" and len(inputs) > 1 else 0
+            if count is None or count != -1:
+                return None
+        if node.op == "RepeatDataset" and len(inputs) > 1 and const_value(nodes.get(inputs[1])) == -1:
+            return "repeat() with no count"
+        for attr in node.attr.values():
+            function = attr.func.name if attr.HasField("func") else ""
+            if function in functions and function not in in_functions and node.op.endswith("Dataset"):
+                body = functions[function]
+                inner = {n.name: n for n in body.node_def}
+                for value in body.ret.values():
+                    if search(inner, value.split(":")[0], in_functions | {function}) is not None:
+                        return "repeat() with no count"
+        upstream = [search(nodes, i, in_functions) for i in inputs if nodes.get(i) is not None]
+        if node.op == "ZipDataset":
+            return upstream[0] if upstream and all(upstream) else None
+        return next((found for found in upstream if found), None)
+
+    nodes = {node.name: node for node in graph_def.node}
+    return next((found for found in (search(nodes, o, frozenset()) for o in outputs) if found), None)
+
+
 class TFDatasetSource:
     """A tf.data.Dataset as a record source; refuses infinite datasets before writing anything."""
 
@@ -120,11 +221,18 @@ class TFDatasetSource:
         if not isinstance(dataset, tf.data.Dataset):
             raise UnsupportedDatasetError(f"expected a tf.data.Dataset, got {type(dataset).__name__}")
         cardinality = int(dataset.cardinality())
-        if cardinality == int(tf.data.INFINITE_CARDINALITY):
-            raise UnsupportedDatasetError(
-                "the dataset is infinite (e.g. it ends in repeat()): caching it would fill the "
-                "disk. Cache the finite dataset and call repeat() on the cached one"
-            )
+        infinite = cardinality == int(tf.data.INFINITE_CARDINALITY)
+        if infinite or cardinality == int(tf.data.UNKNOWN_CARDINALITY):
+            # Unknown cardinality (repeat().filter(...), an interleave of repeat()s, ...): look
+            # for an unbounded repeat() upstream in the dataset's graph.
+            found = None if infinite else _unbounded_repeat(dataset)
+            if infinite or found is not None:
+                where = "" if found is None else f" ({found})"
+                raise UnsupportedDatasetError(
+                    f"the dataset is infinite: it repeats forever{where}, and caching it would fill "
+                    "the disk. Cache the finite dataset (without repeat()) and call repeat() on the "
+                    "cached one, or bound it with take(n)"
+                )
         self.cardinality: Optional[int] = (
             None if cardinality == int(tf.data.UNKNOWN_CARDINALITY) else cardinality
         )

@@ -19,6 +19,7 @@ from __future__ import annotations
 import copy
 import operator
 import os
+import warnings
 from typing import Any, Callable, Iterator, Mapping, Optional, Sequence, Union
 
 import numpy as np
@@ -30,6 +31,7 @@ except ImportError as error:  # pragma: no cover - exercised only without torch
     raise ImportError("yogacache.torch needs PyTorch: pip install 'yogacache[torch]'") from error
 
 from yogacache import launcher
+from yogacache.arguments import skip_shuffle_flag
 from yogacache.format.spec import STRING, Spec, TensorSpec, flatten, spec_leaves, unflatten
 from yogacache.read.options import DEFAULT_SHUFFLE_MODE, ReadOptions
 from yogacache.read.pipeline import ReaderSource, ReadSizes, plan_reads
@@ -182,6 +184,7 @@ class CacheIterableDataset(IterableDataset):  # type: ignore[type-arg]
             Needs fixed-shape leaves.
         drop_last: with ``batched``, drop a last batch smaller than ``batch_size``.
         output: ``"torch"`` or ``"numpy"``.
+        skip_shuffle_end_of_epoch: Determined's spelling of ``skip_shuffle_at_epoch_end``.
     """
 
     def __init__(
@@ -201,13 +204,14 @@ class CacheIterableDataset(IterableDataset):  # type: ignore[type-arg]
         batched: bool = False,
         drop_last: bool = False,
         output: str = "torch",
+        skip_shuffle_end_of_epoch: Optional[bool] = None,
     ) -> None:
         reader = open_reader(source)
         ranks = launcher.resolve(shard_rank, num_shards)
         options = ReadOptions.from_stream_args(
             start_offset,
             shuffle,
-            skip_shuffle_at_epoch_end,
+            skip_shuffle_flag(skip_shuffle_at_epoch_end, skip_shuffle_end_of_epoch),
             shuffle_seed,
             ranks.rank,
             ranks.num_shards,
@@ -263,6 +267,9 @@ class CacheIterableDataset(IterableDataset):  # type: ignore[type-arg]
         self._read_sizes = ReadSizes.for_manifest(reader.manifest)
         self._epoch, self._position = self.schedule.start
         self._consumed = 0  # records handed out since the resume point, in the tracking process
+        # True once this process counts what it hands out (it iterated the dataset itself, or a
+        # CacheDataLoader counts for it); a plain DataLoader's workers count in their own copies.
+        self._counting_here = False
 
     # -- epochs and resume points ---------------------------------------------------------
     @property
@@ -293,6 +300,16 @@ class CacheIterableDataset(IterableDataset):  # type: ignore[type-arg]
         DataLoader and workers, pass the count (e.g. steps × batch size). In global mode, all
         ranks at the same count give the same state, valid with any number of ranks.
         """
+        if records_consumed is None and not self._counting_here:
+            warnings.warn(
+                "CacheIterableDataset.state_dict(): this process has not counted any records: a "
+                "DataLoader with num_workers > 0 reads in worker processes, whose counts this "
+                "process cannot see, so the state would say that nothing was consumed. Use "
+                "yogacache.torch.CacheDataLoader, or pass records_consumed (e.g. steps x batch "
+                "size; 0 before reading)",
+                UserWarning,
+                stacklevel=2,
+            )
         records = self._consumed if records_consumed is None else operator.index(records_consumed)
         return self.schedule.state((self._epoch, self._position), records)
 
@@ -302,6 +319,7 @@ class CacheIterableDataset(IterableDataset):  # type: ignore[type-arg]
 
     def count_consumed(self, item: Any, *, batch: bool) -> None:
         """Counts ``item``, a record or (``batch``) a batch of records, as handed out."""
+        self._counting_here = True
         self._consumed += self.batch_records(item) if batch else 1
 
     def batch_records(self, batch: Any) -> int:
@@ -338,6 +356,8 @@ class CacheIterableDataset(IterableDataset):  # type: ignore[type-arg]
         plan = self.schedule.plan(self._epoch, self._position)
         info = get_worker_info()
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        if info is None:
+            self._counting_here = True
         self.reset_consumed()
         reads = plan_reads(
             plan,
@@ -408,6 +428,7 @@ class CacheDataLoader(DataLoader):  # type: ignore[type-arg]
         # In-process (num_workers=0) the dataset counts what it hands out itself.
         counting = self.num_workers > 0
         if counting:
+            dataset._counting_here = True
             dataset.reset_consumed()
         batching = dataset.batched or self.batch_size is not None
         for batch in super().__iter__():

@@ -164,9 +164,33 @@ SOURCES: tuple[SourceEntry, ...] = (
 )
 
 
+class AnnotatedSource:
+    """A record source and what its build records in the manifest's ``extra`` (for example
+    the fingerprint of the arguments the dataset was made with)."""
+
+    def __init__(self, source: RecordSource, extra: dict[str, Any]) -> None:
+        self.source = source
+        self.manifest_extra = dict(extra)
+        self.kind = source.kind
+        self.cardinality = source.cardinality
+
+    def spec(self) -> Spec:
+        return self.source.spec()
+
+    def encoded_batches(self) -> Iterator[list[bytes]]:
+        return self.source.encoded_batches()
+
+
+def manifest_extra(source: RecordSource) -> dict[str, Any]:
+    """What a build from ``source`` records in its manifest's ``extra`` (usually nothing)."""
+    return dict(getattr(source, "manifest_extra", None) or {})
+
+
 def source_for(data: Any) -> RecordSource:
     """The source that builds a cache from ``data`` (a registered framework's dataset, a
-    map-style dataset or an iterable)."""
+    map-style dataset or an iterable; an ``AnnotatedSource`` as it is)."""
+    if isinstance(data, AnnotatedSource):
+        return data
     for entry in SOURCES:
         if entry.detect(data):
             return entry.load()(data)

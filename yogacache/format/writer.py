@@ -55,6 +55,29 @@ class BuildLimits:
     max_records: Optional[int] = None
     max_bytes: Optional[int] = None
 
+    def for_unknown_length(self, directory: Path) -> BuildLimits:
+        """These limits for a dataset whose length is unknown until it ends: without a
+        ``max_bytes``, one that keeps a reserve of the disk under ``directory`` free (see
+        ``unknown_length_bound``), so that a dataset that never ends stops there."""
+        if self.max_bytes is not None:
+            return self
+        existing = next((p for p in (directory, *directory.parents) if p.exists()), directory)
+        usage = shutil.disk_usage(existing)
+        bound = unknown_length_bound(usage.free, usage.total)
+        return self if bound is None else BuildLimits(self.max_records, bound)
+
+
+UNKNOWN_LENGTH_RESERVE_FRACTION = 0.05
+UNKNOWN_LENGTH_RESERVE_MIN = 1 << 30
+
+
+def unknown_length_bound(free: int, total: int) -> Optional[int]:
+    """The default ``max_bytes`` of a build of unknown length: the free space less a reserve of
+    5% of the filesystem (at least 1 GiB). None where less than twice the reserve is free: there
+    the writer's own free-space check (every build's) is the bound."""
+    reserve = max(int(total * UNKNOWN_LENGTH_RESERVE_FRACTION), UNKNOWN_LENGTH_RESERVE_MIN)
+    return free - reserve if free > 2 * reserve else None
+
 
 class CacheWriter:
     """Writes one cache; use as a context manager and call ``add_encoded`` with record batches."""
@@ -315,8 +338,9 @@ class CacheWriter:
         )
 
     # -- sealing --------------------------------------------------------------------------
-    def seal(self, spec: Spec, source: str = "python") -> Manifest:
-        """Syncs, hashes and publishes the cache atomically; returns its manifest."""
+    def seal(self, spec: Spec, source: str = "python", extra: Optional[dict[str, Any]] = None) -> Manifest:
+        """Syncs, hashes and publishes the cache atomically; returns its manifest (whose
+        ``extra`` is ``extra``: what the caller records about the build's origin)."""
         if self._closed:
             raise BuildError(f"writer for {self.dataset_id}:{self.dataset_version} is closed")
         try:
@@ -340,6 +364,7 @@ class CacheWriter:
                 writer_version=f"yogacache {__version__}",
                 source=source,
                 codec=CODEC_NAME,
+                extra=dict(extra or {}),
             )
             # Stamps go to this user's state directory, never into the cache.
             stamp_verified(self.directory, manifest)

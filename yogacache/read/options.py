@@ -7,6 +7,8 @@ everything below takes a ``ReadOptions``.
 
 from __future__ import annotations
 
+import logging
+import secrets
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional
 
@@ -15,6 +17,8 @@ from yogacache.read.schedule import ResumeState
 from yogacache.read.shuffle import ShardMode, shuffle_mode
 
 __all__ = ["DEFAULT_SHUFFLE_MODE", "ReadOptions"]
+
+log = logging.getLogger(__name__)
 
 DEFAULT_SHUFFLE_MODE = ShardMode.name
 
@@ -77,6 +81,17 @@ class ReadOptions:
             # A checked copy: the caller's dict may change later, these options may not.
             normalize("resume_state", ResumeState.from_dict(self.resume_state).to_dict())
         mode.check(self)
+        if self.shuffle and self.shuffle_seed is None and self.resume_state is None:
+            # A seedless shuffle (allowed: one order for every epoch) gets one concrete seed
+            # here, so every reader of these options (DataLoader workers included) computes the
+            # same order, and the log says how to reproduce it.
+            seed = secrets.randbelow(2**31)
+            normalize("shuffle_seed", seed)
+            log.warning(
+                "shuffle=True without shuffle_seed: shuffling with shuffle_seed=%d (pass it to "
+                "reproduce this order)",
+                seed,
+            )
 
     @classmethod
     def from_stream_args(

@@ -8,6 +8,8 @@ into checkpoints. Pure numpy, no I/O.
 
 from __future__ import annotations
 
+import sys
+import warnings
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Mapping, Optional
 
@@ -87,6 +89,14 @@ class ResumeState:
         )
 
 
+def _caller_level() -> int:
+    """The ``stacklevel`` that points a warning at the first caller outside yogacache."""
+    level, frame = 2, sys._getframe(2)
+    while frame is not None and str(frame.f_globals.get("__name__", "")).startswith("yogacache."):
+        level, frame = level + 1, frame.f_back  # type: ignore[assignment]
+    return level
+
+
 class ReadSchedule:
     """The read order of one rank over ``num_records`` records, as ``options`` define it.
 
@@ -102,6 +112,15 @@ class ReadSchedule:
             raise ValueError(f"num_records must not be negative, got {self.num_records}")
         self.options = options
         self.order: ShuffleMode = shuffle_mode(options.shuffle_mode)(self.num_records, options)
+        if self.num_records and len(self.order) == 0:
+            remainder = " and drop_shard_remainder=True drops them all" if options.drop_shard_remainder else ""
+            warnings.warn(
+                f"rank {options.shard_rank} of {options.num_shards} reads no records: the dataset "
+                f"has {self.num_records} record(s), fewer than num_shards{remainder}. Use fewer "
+                "shards or a larger dataset",
+                UserWarning,
+                stacklevel=_caller_level(),
+            )
         self.start: tuple[int, int]
         if options.resume_state is not None:
             self.start = self.resume_point(options.resume_state)

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import functools
 import warnings
-from pathlib import Path
+from pathlib import Path, PurePath
 from typing import Any, Callable, Optional
 
 from yogacache.config import GCSConfig, S3Config, StorageConfig
-from yogacache.dataref import CacheDataRef, Storage
+from yogacache.dataref import CacheDataRef, Storage, cached_dataref
 from yogacache.names import validate_name, validate_version
 from yogacache.store import open_store
+from yogacache.store import yogadl as yogadl_caches
 
 __all__ = [
     "GCSConfigurations",
@@ -28,13 +29,16 @@ class _StoreStorage(Storage):
     store: Any
 
     def submit(self, data: Any, dataset_id: str, dataset_version: str) -> None:
-        """Caches ``data``: locally it replaces an existing cache atomically; remotely it is
-        built and published (refused if a cache is already published)."""
+        """Caches ``data``; an existing cache "will be overwritten", as YogaDL documents: a local
+        one is replaced atomically, a published one by the store's build, which replaces it
+        conditionally on the manifest it saw (of two concurrent submits exactly one wins).
+        A YogaDL cache.mdb in the cache's directory is replaced too, as YogaDL's submit does."""
         self.store.build(dataset_id, dataset_version, data)
 
     def fetch(self, dataset_id: str, dataset_version: str) -> CacheDataRef:
-        """A DataRef to the cache (a remote one is first synced to the local copy)."""
-        return CacheDataRef(self.store.open(dataset_id, dataset_version))
+        """A DataRef to the cache (a remote one is first synced to the local copy; a YogaDL
+        cache.mdb is converted on first use and kept)."""
+        return CacheDataRef(yogadl_caches.fetch(self.store, dataset_id, dataset_version))
 
     def cacheable(self, dataset_id: str, dataset_version: str) -> Callable[..., Any]:
         """Decorator: the function runs only when no process has built the cache; returns a DataRef."""
@@ -44,10 +48,7 @@ class _StoreStorage(Storage):
         def wrap(make_dataset: Callable[..., Any]) -> Callable[..., CacheDataRef]:
             @functools.wraps(make_dataset)
             def create_dataref(*args: Any, **kwargs: Any) -> CacheDataRef:
-                reader = self.store.get_or_build(
-                    dataset_id, dataset_version, lambda: make_dataset(*args, **kwargs)
-                )
-                return CacheDataRef(reader)
+                return cached_dataref(self.store, dataset_id, dataset_version, make_dataset, args, kwargs)
 
             return create_dataref
 
@@ -86,6 +87,12 @@ def _warn_coordinator(url: Any, cert_file: Any, cert_name: Any) -> None:
         )
 
 
+def _object_prefix(path: "str | PurePath") -> str:
+    """The object-key prefix a ``bucket_directory_path`` stands for ("" for the bucket's root)."""
+    text = PurePath(path).as_posix().strip("/")
+    return "" if text == "." else text
+
+
 class BaseCloudConfigurations:
     """What S3 and GCS configurations share (YogaDL's constructor arguments)."""
 
@@ -101,7 +108,8 @@ class BaseCloudConfigurations:
     ) -> None:
         _warn_coordinator(url, coordinator_cert_file, coordinator_cert_name)
         self.bucket = bucket
-        self.bucket_directory_path = bucket_directory_path
+        # A pathlib.Path, as in YogaDL (its programs call ``joinpath`` on it).
+        self.bucket_directory_path = Path(bucket_directory_path)
         self.url = url
         self.local_cache_dir = Path(local_cache_dir)
         self.skip_verify = skip_verify
@@ -111,7 +119,7 @@ class BaseCloudConfigurations:
         local = str(self.local_cache_dir)
         return dict(
             bucket=self.bucket,
-            bucket_directory_path=str(self.bucket_directory_path),
+            bucket_directory_path=_object_prefix(self.bucket_directory_path),
             local_cache_host_path=local,
             local_cache_container_path=local,
         )
@@ -156,7 +164,10 @@ class S3Configurations(BaseCloudConfigurations):
         )
 
     def __repr__(self) -> str:
-        return f"S3Configurations(bucket={self.bucket!r}, bucket_directory_path={self.bucket_directory_path!r})"
+        return (
+            f"S3Configurations(bucket={self.bucket!r}, "
+            f"bucket_directory_path={str(self.bucket_directory_path)!r})"
+        )
 
 
 class GCSConfigurations(BaseCloudConfigurations):

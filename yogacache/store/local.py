@@ -18,7 +18,7 @@ from yogacache.errors import CacheNotFoundError, ConfigError, CorruptCacheError,
 from yogacache.format.durability import TRASH_MARK, leftovers_of
 from yogacache.format.integrity import Verify
 from yogacache.format.manifest import MANIFEST_NAME, Manifest
-from yogacache.format.sources import RecordSource, source_for
+from yogacache.format.sources import RecordSource, manifest_extra, source_for
 from yogacache.format.writer import DEFAULT_PART_SIZE, BuildLimits, CacheWriter
 from yogacache.locks import FileLock
 from yogacache.malloc import keep_freed_memory
@@ -201,7 +201,8 @@ class CacheStore:
             enabled=self.show_progress,
             total=source.cardinality,
         )
-        limits = self.limits
+        # A dataset of unknown length (one that may never end) is bounded by default.
+        limits = self.limits if source.cardinality is not None else self.limits.for_unknown_length(self.root)
         with CacheWriter(
             target,
             dataset_id,
@@ -213,7 +214,7 @@ class CacheStore:
             keep_freed_memory()  # batch buffers are reused instead of page-faulted in each time
             for batch in source.encoded_batches():
                 writer.add_encoded(batch)
-            manifest = writer.seal(source.spec(), source=source.kind)
+            manifest = writer.seal(source.spec(), source=source.kind, extra=manifest_extra(source))
         log.info(
             "cached %s:%s: %d records, %d bytes in %s",
             dataset_id,

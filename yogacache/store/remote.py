@@ -553,7 +553,10 @@ class RemoteCacheStore:
         if remote is None:
             return
         keep = {self.part_key(remote, part) for part in remote.parts}
-        keep |= {self.key(dataset_id, dataset_version, n) for n in (MANIFEST_NAME, LEASE_NAME)}
+        # A YogaDL cache.mdb beside the cache is not ours to delete (yogacache.store.yogadl).
+        from yogacache.format.yogadl_legacy import LEGACY_CACHE_NAME
+
+        keep |= {self.key(dataset_id, dataset_version, n) for n in (MANIFEST_NAME, LEASE_NAME, LEGACY_CACHE_NAME)}
         for info in self.objects.list(self.key(dataset_id, dataset_version)):
             if info.key not in keep:
                 self.objects.delete(info.key)
