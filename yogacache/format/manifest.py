@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -185,7 +186,9 @@ class Manifest:
         path = directory / MANIFEST_NAME
         try:
             with open(path, "rb") as handle:
-                data = handle.read(MAX_MANIFEST_BYTES + 1)
+                # Read what is there (up to the cap): read(cap) would allocate the whole cap.
+                size = os.fstat(handle.fileno()).st_size
+                data = handle.read(min(size, MAX_MANIFEST_BYTES) + 1)
         except FileNotFoundError as error:
             raise CacheNotFoundError(f"no cache at {directory} (no {MANIFEST_NAME})") from error
         except (IsADirectoryError, NotADirectoryError) as error:
