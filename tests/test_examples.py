@@ -33,7 +33,7 @@ def test_quickstart_builds_then_hits_and_trains(tmp_path: Path) -> None:
     assert "second call: cache hit" in first
     assert "(builds so far: 1)" in first
     assert "read shard 0 of 2, shuffled: 1,000 records" in first
-    assert "trained a tiny Keras model for 3 epochs" in first
+    assert "trained a tiny Keras model for 5 epochs" in first
     accuracy = float(first.split("final accuracy ")[1].split()[0])
     assert accuracy >= 0.9, first  # the synthetic data is learnable, and learned
 
