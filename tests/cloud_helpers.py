@@ -94,9 +94,9 @@ class CountingStore:
     def url(self, key: str = "") -> str:
         return self.inner.url(key)
 
-    def read(self, key: str) -> Optional[tuple[bytes, str]]:
+    def read(self, key: str, max_bytes: Optional[int] = None) -> Optional[tuple[bytes, str]]:
         self._note("read", key)
-        return self.inner.read(key)
+        return self.inner.read(key, max_bytes)
 
     def write(
         self, key: str, data: bytes, *, if_absent: bool = False, if_token: Optional[str] = None

@@ -47,8 +47,8 @@ class SlowStore:
     def url(self, key: str = "") -> str:
         return self.inner.url(key)
 
-    def read(self, key: str) -> Optional[tuple[bytes, str]]:
-        return self.inner.read(key)
+    def read(self, key: str, max_bytes: Optional[int] = None) -> Optional[tuple[bytes, str]]:
+        return self.inner.read(key, max_bytes)
 
     def write(self, key: str, data: bytes, *, if_absent: bool = False, if_token: Optional[str] = None) -> Optional[str]:
         return self.inner.write(key, data, if_absent=if_absent, if_token=if_token)

@@ -112,8 +112,12 @@ class ObjectStore(Protocol):
         """``s3://bucket/prefix/key`` or similar, for messages (never holds credentials)."""
         ...
 
-    def read(self, key: str) -> Optional[tuple[bytes, str]]:
-        """The object's bytes and version token, or None when it does not exist."""
+    def read(self, key: str, max_bytes: Optional[int] = None) -> Optional[tuple[bytes, str]]:
+        """The object's bytes and version token, or None when it does not exist.
+
+        ``max_bytes``: read at most ``max_bytes + 1`` bytes (a ranged read), so that a caller
+        can refuse an object larger than it expects without holding all of it in memory.
+        """
         ...
 
     def write(

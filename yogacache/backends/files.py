@@ -51,12 +51,20 @@ class FileObjectStore:
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o755)
         return path.parent / f".{path.name}.tmp-{uuid.uuid4().hex}"
 
-    def read(self, key: str) -> Optional[tuple[bytes, str]]:
+    def read(self, key: str, max_bytes: Optional[int] = None) -> Optional[tuple[bytes, str]]:
         try:
-            data = self._path(key).read_bytes()
+            with open(self._path(key), "rb") as handle:
+                if max_bytes is None:
+                    data = handle.read()
+                    return data, _token(data)
+                # The token is the whole file's hash; only the first max_bytes + 1 bytes are kept.
+                data = handle.read(max_bytes + 1)
+                digest = hashlib.sha256(data)
+                for chunk in iter(lambda: handle.read(1 << 20), b""):
+                    digest.update(chunk)
+                return data, digest.hexdigest()
         except (FileNotFoundError, IsADirectoryError):
             return None
-        return data, _token(data)
 
     def write(
         self, key: str, data: bytes, *, if_absent: bool = False, if_token: Optional[str] = None

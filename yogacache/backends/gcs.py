@@ -146,11 +146,13 @@ class GCSObjectStore:
             return f"{where} refused the credentials ({describe_error(error)}); {_CREDENTIALS_HINT}"
         return f"{describe_error(error)} from {where}"
 
-    def read(self, key: str) -> Optional[tuple[bytes, str]]:
+    def read(self, key: str, max_bytes: Optional[int] = None) -> Optional[tuple[bytes, str]]:
+        ranged = {} if max_bytes is None else {"start": 0, "end": max_bytes}
+
         def call() -> Optional[tuple[bytes, str]]:
             blob = self._blob(key, chunked=False)
             try:
-                data = blob.download_as_bytes(retry=None, timeout=self.timeout)
+                data = blob.download_as_bytes(retry=None, timeout=self.timeout, **ranged)
                 if blob.generation is not None:
                     return data, str(blob.generation)
                 # The server did not say which generation it sent: pin one and read exactly
@@ -158,7 +160,7 @@ class GCSObjectStore:
                 blob.reload(retry=None, timeout=self.timeout)
                 generation = blob.generation
                 data = blob.download_as_bytes(
-                    if_generation_match=generation, retry=None, timeout=self.timeout
+                    if_generation_match=generation, retry=None, timeout=self.timeout, **ranged
                 )
             except gexc.NotFound as error:
                 if _bucket_missing(error):

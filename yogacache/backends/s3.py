@@ -136,10 +136,12 @@ class S3ObjectStore:
             return f"cannot connect to {where}; check endpoint_url in the config or AWS_ENDPOINT_URL"
         return f"{describe_error(error)} from {where}"
 
-    def read(self, key: str) -> Optional[tuple[bytes, str]]:
+    def read(self, key: str, max_bytes: Optional[int] = None) -> Optional[tuple[bytes, str]]:
+        ranged = {} if max_bytes is None else {"Range": f"bytes=0-{max_bytes}"}
+
         def call() -> Optional[tuple[bytes, str]]:
             try:
-                response = self._client.get_object(Bucket=self.bucket, Key=self._key(key))
+                response = self._client.get_object(Bucket=self.bucket, Key=self._key(key), **ranged)
             except botocore.exceptions.ClientError as error:
                 if _code(error) in _ABSENT:
                     return None

@@ -46,7 +46,7 @@ from yogacache.errors import (
 )
 from yogacache.format.durability import fsync_path, replace_directory, temp_dir_for, write_file_durably
 from yogacache.format.integrity import Verify, file_identity, has_stamp, sha256_file, stamp_verified, write_stamp
-from yogacache.format.manifest import MANIFEST_NAME, Manifest, PartInfo
+from yogacache.format.manifest import MANIFEST_NAME, MAX_MANIFEST_BYTES, Manifest, PartInfo
 from yogacache.format.sources import source_for
 from yogacache.format.writer import BuildLimits
 from yogacache.progress import TransferProgress, waiter, waiting
@@ -205,7 +205,7 @@ class RemoteCacheStore:
     def remote_manifest(self, dataset_id: str, dataset_version: str) -> Optional[Manifest]:
         """The published manifest (one GET), or None when the cache is not published."""
         key = self.key(dataset_id, dataset_version, MANIFEST_NAME)
-        found = self.objects.read(key)
+        found = self._read_manifest(key)
         if found is None:
             return None
         manifest = Manifest.from_bytes(found[0], self.objects.url(key))
@@ -215,6 +215,14 @@ class RemoteCacheStore:
                 f"not {dataset_id}:{dataset_version} (swapped or copied); refused"
             )
         return manifest
+
+    def _read_manifest(self, key: str) -> Optional[tuple[bytes, str]]:
+        """A published manifest's bytes and token; CorruptCacheError when it is larger than any
+        real manifest (read with a cap: an oversized object never sits whole in memory)."""
+        found = self.objects.read(key, max_bytes=MAX_MANIFEST_BYTES)
+        if found is not None and len(found[0]) > MAX_MANIFEST_BYTES:
+            raise CorruptCacheError(f"manifest {self.objects.url(key)} is larger than {MAX_MANIFEST_BYTES} bytes")
+        return found
 
     def manifest(self, dataset_id: str, dataset_version: str) -> Manifest:
         """The published manifest, else the local copy's; CacheNotFoundError when neither exists."""
@@ -565,7 +573,11 @@ class RemoteCacheStore:
         """The published manifest's version token (None: unpublished) and the manifest itself
         (None where it cannot be read: a corrupt one can still be replaced)."""
         key = self.key(dataset_id, dataset_version, MANIFEST_NAME)
-        found = self.objects.read(key)
+        try:
+            found = self._read_manifest(key)
+        except CorruptCacheError:
+            found = self.objects.read(key, max_bytes=0)  # too large: its token, to replace it
+            return (found[1] if found else None), None
         if found is None:
             return None, None
         try:
