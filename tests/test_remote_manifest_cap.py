@@ -34,3 +34,10 @@ def test_an_oversized_remote_manifest_is_refused_after_a_capped_read(objects: An
     store.build("big", "v1", [{"x": i} for i in range(3)])  # an oversized manifest can be replaced
     manifest = store.remote_manifest("big", "v1")
     assert manifest is not None and manifest.num_records == 3
+
+
+def test_a_capped_read_of_an_empty_object_returns_it(objects: Any) -> None:
+    token = objects.write("empty", b"")
+    found = objects.read("empty", max_bytes=100)
+    assert found is not None and found[0] == b""
+    assert token is None or found[1] == token

@@ -149,19 +149,24 @@ class GCSObjectStore:
     def read(self, key: str, max_bytes: Optional[int] = None) -> Optional[tuple[bytes, str]]:
         ranged = {} if max_bytes is None else {"start": 0, "end": max_bytes}
 
+        def download(blob: Any, **conditions: Any) -> bytes:
+            try:
+                return bytes(blob.download_as_bytes(retry=None, timeout=self.timeout, **conditions, **ranged))
+            except gexc.RequestRangeNotSatisfiable:
+                # A range of an empty object is unsatisfiable (416): the whole object is empty.
+                return bytes(blob.download_as_bytes(retry=None, timeout=self.timeout, **conditions))
+
         def call() -> Optional[tuple[bytes, str]]:
             blob = self._blob(key, chunked=False)
             try:
-                data = blob.download_as_bytes(retry=None, timeout=self.timeout, **ranged)
+                data = download(blob)
                 if blob.generation is not None:
                     return data, str(blob.generation)
                 # The server did not say which generation it sent: pin one and read exactly
                 # that, so that data and token always belong together.
                 blob.reload(retry=None, timeout=self.timeout)
                 generation = blob.generation
-                data = blob.download_as_bytes(
-                    if_generation_match=generation, retry=None, timeout=self.timeout, **ranged
-                )
+                data = download(blob, if_generation_match=generation)
             except gexc.NotFound as error:
                 if _bucket_missing(error):
                     raise RemoteError(f"bucket {self.bucket_name!r} does not exist") from None

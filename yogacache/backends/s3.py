@@ -141,7 +141,13 @@ class S3ObjectStore:
 
         def call() -> Optional[tuple[bytes, str]]:
             try:
-                response = self._client.get_object(Bucket=self.bucket, Key=self._key(key), **ranged)
+                try:
+                    response = self._client.get_object(Bucket=self.bucket, Key=self._key(key), **ranged)
+                except botocore.exceptions.ClientError as error:
+                    if _code(error) != "InvalidRange":
+                        raise
+                    # A range of an empty object is unsatisfiable (416): the whole object is empty.
+                    response = self._client.get_object(Bucket=self.bucket, Key=self._key(key))
             except botocore.exceptions.ClientError as error:
                 if _code(error) in _ABSENT:
                     return None
