@@ -116,3 +116,22 @@ def test_a_deeply_nested_tf_element_is_refused_with_a_message(tmp_path: Path) ->
     with pytest.raises(UnsupportedDatasetError, match="levels deep"):
         CacheStore(tmp_path).build("deep", "v1", dataset)
     assert not CacheStore(tmp_path).exists("deep", "v1")
+
+
+def test_a_stream_has_one_epoch_counter_however_it_is_iterated(tmp_path: Path) -> None:
+    """Python iteration, batches and a tf.data dataset of one stream each take the next epoch."""
+    store = CacheStore(tmp_path)
+    store.build("one", "v1", tf.data.Dataset.range(300))
+    reader = store.open("one", "v1")
+
+    def epochs(count: int) -> list[list[int]]:
+        stream = CacheDataRef(reader).stream(shuffle=True, shuffle_seed=9)
+        return [[int(x) for x in stream] for _ in range(count)]
+
+    want = epochs(3)
+    assert want[0] != want[1] != want[2]
+    stream = CacheDataRef(reader).stream(shuffle=True, shuffle_seed=9)
+    first = [int(x) for x in stream]
+    second = [int(x) for batch in stream.batch_iterator_fn() for x in batch[0]]
+    third = [int(x) for x in make_tf_dataset(stream).as_numpy_iterator()]
+    assert [first, second, third] == want

@@ -1,7 +1,7 @@
 """The read pipeline: a rank's epochs cut into LMDB reads, the one path every adapter reads by.
 
 Top to bottom: a ``ReadSchedule`` (``ReadOptions`` over a cache) hands out each epoch's plan in
-turn (``EpochCursor``); ``plan_reads`` cuts a plan into reads, each one LMDB transaction over
+turn (``EpochReads``); ``plan_reads`` cuts a plan into reads, each one LMDB transaction over
 many records, sized by ``ReadSizes`` (the first read of an epoch small, so the first element
 comes quickly, then doubling up to the full read size, for throughput) and, for DataLoader
 workers, dealt out in blocks (worker ``w`` of ``W`` reads blocks ``w, w+W, …``); ``read_stream``
@@ -25,7 +25,6 @@ from yogacache.read.schedule import ReadSchedule
 from yogacache.read.shuffle import EpochPlan
 
 __all__ = [
-    "EpochCursor",
     "EpochReads",
     "FIRST_READ_BYTES",
     "FIRST_READ_RECORDS",
@@ -226,22 +225,6 @@ def plan_reads(
 # -- epochs and streams -------------------------------------------------------------------------
 
 
-class EpochCursor:
-    """Hands out each epoch's plan in turn, starting at the schedule's start point."""
-
-    def __init__(self, schedule: ReadSchedule) -> None:
-        self._schedule = schedule
-        self._epoch, self._position = schedule.start
-        self._lock = threading.Lock()
-
-    def next_epoch(self) -> EpochPlan:
-        with self._lock:
-            epoch, position = self._epoch, self._position
-            self._epoch += 1
-            self._position = 0
-        return self._schedule.plan(epoch, position)
-
-
 class EpochReads:
     """The reads of every epoch by number: read ``i`` of epoch ``e`` depends on ``(e, i)`` alone.
 
@@ -304,31 +287,34 @@ def read_stream(
 ) -> Stream:
     """The stream of ``reader``'s records that ``options`` define: each iteration the next epoch."""
     schedule = ReadSchedule(len(reader), options)
-    cursor = EpochCursor(schedule)
     sizes = ReadSizes.for_manifest(reader.manifest)
+    # One epoch counter and one set of reads, whichever way the stream is iterated.
+    reads = EpochReads(reader, schedule, sizes)
+
+    def epoch_indices() -> Iterator[np.ndarray]:
+        epoch = reads.next_epoch()
+        for read in range(reads.count):
+            indices = reads.indices(epoch, read)
+            if len(indices):
+                yield indices
 
     def iterate_elements() -> Iterator[Any]:
-        for indices in plan_reads(cursor.next_epoch(), sizes):
+        for indices in epoch_indices():
             yield from reader.read_elements(indices)
 
-    batch_fn = epoch_reads = None
-    if reader.codec.stackable:
-        epoch_reads = EpochReads(reader, schedule, sizes)
+    def iterate_batches() -> Iterator[list[np.ndarray]]:
+        for indices in epoch_indices():
+            yield reader.read_columns(indices)
 
-        def iterate_batches() -> Iterator[list[np.ndarray]]:
-            for indices in plan_reads(cursor.next_epoch(), sizes):
-                yield reader.read_columns(indices)
-
-        batch_fn = iterate_batches
-
+    stackable = reader.codec.stackable
     return Stream(
         iterate_elements,
         len(schedule),
         element_spec=reader.spec,
-        batch_iterator_fn=batch_fn,
+        batch_iterator_fn=iterate_batches if stackable else None,
         uniform_epochs=schedule.start[1] == 0,
         state_fn=lambda records: schedule.state(schedule.start, records),
-        max_batches=sizes.count(len(schedule)) if batch_fn is not None else None,
+        max_batches=reads.count if stackable else None,
         spec_converter=spec_converter,
-        epoch_reads=epoch_reads,
+        epoch_reads=reads if stackable else None,
     )
