@@ -38,13 +38,19 @@ def part_name(index: int) -> str:
 
 @dataclass(frozen=True)
 class PartInfo:
-    """One LMDB part file: which records it holds, its exact size and its SHA-256."""
+    """One LMDB part file: which records it holds, its exact size and its SHA-256.
+
+    ``crc32c`` (optional; caches built before it existed lack it, and a copy adds it) is the
+    part's CRC32C as S3 and GCS report it (base64 of four big-endian bytes): a copy in a bucket
+    is checked against the checksum the cloud computed, without reading the bytes back.
+    """
 
     name: str
     first_record: int
     num_records: int
     size_bytes: int
     sha256: str
+    crc32c: Optional[str] = None
 
 
 @dataclass(frozen=True)
@@ -88,7 +94,7 @@ class Manifest:
             "num_records": self.num_records,
             "num_bytes": self.num_bytes,
             "element_spec": spec_to_json(self.element_spec),
-            "parts": [vars(part) for part in self.parts],
+            "parts": [_part_to_json(part) for part in self.parts],
             "created_at": self.created_at,
             "build_id": self.build_id,
             "writer_version": self.writer_version,
@@ -201,6 +207,7 @@ class Manifest:
 # Counts and sizes beyond a signed 64-bit integer are no real cache's.
 _MAX_COUNT = (1 << 63) - 1
 _SHA256 = re.compile(r"[0-9a-f]{64}")
+_CRC32C = re.compile(r"[A-Za-z0-9+/]{6}==")
 # What a malformed element spec can raise while it is parsed.
 _SPEC_ERRORS = (
     KeyError, IndexError, TypeError, ValueError, ArithmeticError, AttributeError, RecursionError, YogaCacheError
@@ -264,10 +271,23 @@ def _part_from_json(raw: Any, where: str) -> PartInfo:
     sha256 = fields.text("sha256")
     if not _SHA256.fullmatch(sha256):
         raise CorruptCacheError(f"manifest {where}: field 'sha256' is not a hex SHA-256")
+    crc32c = raw.get("crc32c")
+    if crc32c is not None and not (isinstance(crc32c, str) and _CRC32C.fullmatch(crc32c)):
+        raise CorruptCacheError(f"manifest {where}: field 'crc32c' is not a base64 CRC32C")
     return PartInfo(
         name=fields.text("name"),
         first_record=fields.count("first_record"),
         num_records=fields.count("num_records"),
         size_bytes=fields.count("size_bytes"),
         sha256=sha256,
+        crc32c=crc32c,
     )
+
+
+def _part_to_json(part: PartInfo) -> dict[str, Any]:
+    """A part as the manifest writes it; ``crc32c`` only when known, so that a manifest without
+    one keeps exactly the bytes earlier releases wrote."""
+    raw = dict(vars(part))
+    if raw.get("crc32c") is None:
+        raw.pop("crc32c", None)
+    return raw
