@@ -97,6 +97,7 @@ class Logged:
     action: str
     status: Optional[int]  # the status sent to the client; None for resets and dropped requests
     time: float
+    body_bytes: int = 0  # request plus response body bytes of a forwarded request
 
 
 class _ClientGone(Exception):
@@ -116,6 +117,8 @@ class FaultProxy:
         self._rules: list[Rule] = []
         self._log: list[Logged] = []
         self._clients: set[socket.socket] = set()
+        self.body_bytes_in = 0  # request body bytes received from clients
+        self.body_bytes_out = 0  # response body bytes forwarded to clients
         self._stopping = threading.Event()
         self._listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -164,6 +167,11 @@ class FaultProxy:
     def clear_log(self) -> None:
         with self._lock:
             self._log.clear()
+
+    def body_bytes(self) -> int:
+        """Request and response body bytes that passed through the proxy (both directions)."""
+        with self._lock:
+            return self.body_bytes_in + self.body_bytes_out
 
     @property
     def log(self) -> list[Logged]:
@@ -219,9 +227,11 @@ class FaultProxy:
                 self._clients.add(conn)
             threading.Thread(target=self._serve, args=(conn,), name="faultproxy-conn", daemon=True).start()
 
-    def _record(self, method: str, target: str, action: str, status: Optional[int]) -> None:
+    def _record(
+        self, method: str, target: str, action: str, status: Optional[int], body_bytes: int = 0
+    ) -> None:
         with self._lock:
-            self._log.append(Logged(method, target, action, status, time.time()))
+            self._log.append(Logged(method, target, action, status, time.time(), body_bytes))
 
     def _match(self, method: str, target: str) -> Optional[Rule]:
         with self._lock:
@@ -268,6 +278,8 @@ class FaultProxy:
         if lower.get("expect", "").lower() == "100-continue":
             conn.sendall(b"HTTP/1.1 100 Continue\r\n\r\n")
         body = self._read_body(reader, lower)
+        with self._lock:
+            self.body_bytes_in += len(body)
         keep_alive = lower.get("connection", "").lower() != "close"
 
         rule = self._match(method, target)
@@ -300,7 +312,10 @@ class FaultProxy:
             self._send(conn, method, status, reason, response_headers, cut)
             conn.shutdown(socket.SHUT_RDWR)
             return False
-        self._record(method, target, "delay" if rule is not None else "forwarded", status)
+        sent = 0 if method.upper() == "HEAD" else len(data)
+        self._record(method, target, "delay" if rule is not None else "forwarded", status, len(body) + sent)
+        with self._lock:
+            self.body_bytes_out += sent
         self._send(conn, method, status, reason, response_headers, data)
         return keep_alive
 

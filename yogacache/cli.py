@@ -364,6 +364,32 @@ def cmd_migrate(store: Store, args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_copy(store: Store, args: argparse.Namespace) -> int:
+    """Copies a published cache between storages (``store`` is not used: --from and --to say)."""
+    from yogacache.store.copy import copy_cache
+
+    report = copy_cache(
+        args.copy_from,
+        args.copy_to,
+        args.dataset_id,
+        args.version,
+        replace_other=args.replace,
+        threads=args.threads,
+        endpoint_url=args.endpoint_url,
+    )
+    copied = len(report.copied)
+    outcome = "published" if report.published else "already published there"
+    if report.replaced_build:
+        outcome += f", replacing build {report.replaced_build}"
+    print(
+        f"{args.dataset_id}:{args.version} build {report.build_id} -> {report.destination}: {outcome}; "
+        f"{copied} part(s) copied ({len(report.copied_server_side)} server-side), "
+        f"{len(report.kept)} already there and verified; "
+        f"{format_bytes(report.bytes_through_client)} through this machine"
+    )
+    return 0
+
+
 def _publisher(store: Store, args: argparse.Namespace) -> Store:
     """The store that publishes: the remote store, reading the local cache from ``--from`` or,
     when the remote store's local copies do not hold it, from the local default store (where
@@ -589,6 +615,25 @@ def build_parser() -> argparse.ArgumentParser:
     cache_arguments(push)
     push.add_argument("--from", dest="source", metavar="DIR", help="the cache directory to publish from")
 
+    copy_command = command(
+        "copy",
+        cmd_copy,
+        "copy a published cache to another storage (bucket, region, cloud, shared directory)",
+        "The copy keeps the cache's build id, creation time and part hashes; parts go first and\n"
+        "are checked against the CRC32C the destination computed, then the manifest is created\n"
+        "conditionally. Within one S3 endpoint, or within GCS, parts are copied server-side.\n"
+        "Run the same command again after an interruption: verified parts are kept.\n\n"
+        "examples:\n  yogacache copy mnist v1 --from s3://far-bucket/caches --to s3://near-bucket/caches\n"
+        "  yogacache copy mnist v1 --from s3://bucket/caches --to gs://bucket/caches",
+    )
+    cache_arguments(copy_command)
+    copy_command.add_argument("--from", dest="copy_from", metavar="SRC", required=True, help="storage to copy from")
+    copy_command.add_argument("--to", dest="copy_to", metavar="DST", required=True, help="storage to copy to")
+    copy_command.add_argument(
+        "--replace", action="store_true", help="replace another build published at the destination"
+    )
+    copy_command.add_argument("--threads", type=int, default=8, help="parts copied at once (default 8)")
+
     migrate = command(
         "migrate",
         cmd_migrate,
@@ -628,6 +673,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             "pull": "the local copy is as it was",
             "push": "nothing was published",
             "rm": "see what is left with yogacache ls",
+            "copy": "nothing was published; run the same command again to resume",
         }.get(args.command, "nothing was changed")
         print(f"yogacache: {what}: {args.command} stopped, {outcome}", file=sys.stderr)
         return 143 if isinstance(interrupt, Terminated) else 130
