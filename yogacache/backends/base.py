@@ -174,6 +174,13 @@ class CopyableObjectStore(ObjectStore, Protocol):
         file to compute it); None when the object does not exist."""
         ...
 
+    def ensure_checksum(self, key: str) -> Optional[ObjectChecksum]:
+        """As ``checksum``, but where the store keeps no CRC32C for the object it is asked to
+        compute one without the bytes passing through the client (S3: the object copied onto
+        itself with ``ChecksumAlgorithm=CRC32C``; same bytes, new ETag). ``crc32c`` stays None
+        only where the store cannot."""
+        ...
+
     def read_chunks(self, key: str, chunk_bytes: int = COPY_CHUNK_BYTES) -> Iterator[bytes]:
         """The object's bytes in order, in chunks of about ``chunk_bytes``; FileNotFoundError
         when it is absent. A failure part-way raises RemoteError (the caller starts over)."""

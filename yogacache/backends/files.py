@@ -161,6 +161,9 @@ class FileObjectStore:
         except FileNotFoundError:
             return None
 
+    def ensure_checksum(self, key: str) -> Optional[ObjectChecksum]:
+        return self.checksum(key)
+
     def read_chunks(self, key: str, chunk_bytes: int = COPY_CHUNK_BYTES) -> Iterator[bytes]:
         path = self._path(key)
         if not path.is_file():

@@ -269,6 +269,9 @@ class GCSObjectStore:
 
         return self._run("HEAD", key, call)  # type: ignore[no-any-return]
 
+    def ensure_checksum(self, key: str) -> Optional[ObjectChecksum]:
+        return self.checksum(key)  # GCS keeps a CRC32C for every object
+
     def read_chunks(self, key: str, chunk_bytes: int = COPY_CHUNK_BYTES) -> Iterator[bytes]:
         """Ranged reads of one generation (pinned by the first), so that a replacement of the
         object part-way is an error, never a mix of two versions."""

@@ -270,6 +270,26 @@ class S3ObjectStore:
 
         return self._run("HEAD", key, call)  # type: ignore[no-any-return]
 
+    def ensure_checksum(self, key: str) -> Optional[ObjectChecksum]:
+        found = self.checksum(key)
+        if found is None or found.crc32c is not None:
+            return found
+        if found.size > self.copy_multipart_bytes:
+            return found  # CopyObject cannot rewrite it; the caller reads it instead
+        copy_source = {"Bucket": self.bucket, "Key": self._key(key)}
+        self._run(
+            "adding a CRC32C to",
+            key,
+            lambda: self._client.copy_object(
+                Bucket=self.bucket,
+                Key=self._key(key),
+                CopySource=copy_source,
+                ChecksumAlgorithm="CRC32C",
+                MetadataDirective="REPLACE",  # a copy onto itself must change something
+            ),
+        )
+        return self.checksum(key)
+
     def read_chunks(self, key: str, chunk_bytes: int = COPY_CHUNK_BYTES) -> Iterator[bytes]:
         def call() -> Any:
             try:

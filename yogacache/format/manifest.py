@@ -103,6 +103,13 @@ class Manifest:
             "extra": self.extra,
         }
 
+    def content_json(self) -> dict[str, Any]:
+        """``to_json`` without the per-part CRC32C: two manifests describe the same cache, part for
+        part, iff these are equal (a copy adds CRC32Cs to a manifest; the bytes are the same)."""
+        raw = self.to_json()
+        raw["parts"] = [{k: v for k, v in part.items() if k != "crc32c"} for part in raw["parts"]]
+        return raw
+
     def to_bytes(self) -> bytes:
         return (json.dumps(self.to_json(), indent=2, sort_keys=True) + "\n").encode("utf-8")
 

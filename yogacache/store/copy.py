@@ -113,13 +113,16 @@ Target = Union[CacheLocation, str, "os.PathLike[str]", Mapping[str, Any], Any]
 
 def open_location(target: Target, *, endpoint_url: Optional[str] = None) -> CacheLocation:
     """The storage ``target`` names: a URL (``s3://``, ``gs://``, ``file://``), a ``data_layer``
-    mapping or config file, a shared_fs directory, or a RemoteCacheStore."""
+    mapping or config file, a shared_fs directory, an object store (bucket layout), or a
+    RemoteCacheStore."""
     from yogacache.backends.registry import open_backend
     from yogacache.config import SharedFSConfig, StorageConfig, load_config_file, parse_config
     from yogacache.backends.files import FileObjectStore
 
     if isinstance(target, CacheLocation):
         return target
+    if hasattr(target, "read_chunks") and hasattr(target, "copy_from"):  # a CopyableObjectStore
+        return CacheLocation(cast(CopyableObjectStore, target))
     objects = getattr(target, "objects", None)
     if objects is not None:  # a RemoteCacheStore
         return CacheLocation(cast(CopyableObjectStore, objects))
@@ -188,6 +191,8 @@ def copy_cache(
     validate_name(dataset_id, "dataset_id")
     validate_version(dataset_version)
     manifest = _source_manifest(src, dataset_id, dataset_version)
+    if any(part.crc32c is None for part in manifest.parts):
+        manifest = add_checksums(src, dataset_id, dataset_version, threads=threads)
     report = CopyReport(dataset_id, dataset_version, manifest.build_id, src.url(), dst.url())
     token, existing = dst.published(dataset_id, dataset_version)
     same = existing is not None and existing.freshness == manifest.freshness
@@ -233,9 +238,72 @@ def copy_cache(
     return report
 
 
-def _source_manifest(src: CacheLocation, dataset_id: str, dataset_version: str) -> Manifest:
+def add_checksums(
+    target: Target,
+    dataset_id: str,
+    dataset_version: str,
+    *,
+    threads: int = COPY_THREADS,
+    endpoint_url: Optional[str] = None,
+) -> Manifest:
+    """Adds each part's CRC32C to the manifest of the cache published at ``target`` (caches built
+    before manifests carried it); returns the manifest with them.
+
+    The CRC32C is the one the store computes (GCS always has it; an S3 object without one is
+    copied onto itself with CRC32C, server-side; a directory computes it); only where the store
+    cannot is the part read, and then its SHA-256 is checked on the way. The manifest is
+    rewritten conditionally on the version read, with the same build id and creation time: nodes
+    holding a copy of the build keep it. Where it cannot be rewritten (no permission, or it
+    changed meanwhile) the checksums are still returned, and a warning says so.
+    """
+    location = open_location(target, endpoint_url=endpoint_url)
+    key = location.manifest_key(dataset_id, dataset_version)
+    found = location.objects.read(key, max_bytes=MAX_MANIFEST_BYTES)
+    manifest = _source_manifest(location, dataset_id, dataset_version, found)
+    token = found[1] if found is not None else None
+    missing = [part for part in manifest.parts if part.crc32c is None]
+    if not missing:
+        return manifest
+
+    def checksum(part: PartInfo) -> PartInfo:
+        part_key = location.part_key(manifest, part)
+        reported = location.objects.ensure_checksum(part_key)
+        if reported is None or reported.size != part.size_bytes:
+            raise CorruptCacheError(
+                f"part {part.name} of {location.url(key)} is missing or not {part.size_bytes} bytes at "
+                f"{location.url(part_key)}"
+            )
+        if reported.crc32c is not None:
+            return replace(part, crc32c=reported.crc32c)
+        hashed = _Hashed(location.objects.read_chunks(part_key))
+        for _ in hashed:
+            pass
+        if hashed.sha256 != part.sha256 or hashed.size != part.size_bytes:
+            raise CorruptCacheError(f"part {part.name} at {location.url(part_key)} does not match its manifest")
+        return replace(part, crc32c=hashed.crc32c)
+
+    with ThreadPoolExecutor(max_workers=max(1, min(threads, len(missing))), thread_name_prefix="yogacache-crc") as pool:
+        added = dict(zip([part.name for part in missing], pool.map(checksum, missing)))
+    updated = replace(manifest, parts=tuple(added.get(part.name, part) for part in manifest.parts))
+    try:
+        written = location.objects.write(key, updated.to_bytes(), if_token=token) if token else None
+    except RemoteError as error:
+        written = None
+        log.warning("could not add CRC32Cs to %s (%s); they are used for this copy only", location.url(key), error)
+    if written is not None:
+        log.info("added the CRC32C of %d part(s) to %s", len(missing), location.url(key))
+    return updated
+
+
+def _source_manifest(
+    src: CacheLocation,
+    dataset_id: str,
+    dataset_version: str,
+    found: Optional[tuple[bytes, str]] = None,
+) -> Manifest:
     key = src.manifest_key(dataset_id, dataset_version)
-    found = src.objects.read(key, max_bytes=MAX_MANIFEST_BYTES)
+    if found is None:
+        found = src.objects.read(key, max_bytes=MAX_MANIFEST_BYTES)
     if found is None:
         raise CacheNotFoundError(
             f"no cache for dataset {dataset_id!r} version {dataset_version!r} at "
