@@ -263,7 +263,23 @@ def cmd_ls(store: Store, args: argparse.Namespace) -> int:
     )
     for number, entry in enumerate(problems, 1):
         print(f"[{number}] {entry.dataset_id} {entry.dataset_version}: {entry.error or 'manifest unreadable'}")
+    _print_mirrors(store)
     return 0
+
+
+def _print_mirrors(store: Store) -> None:
+    """For a storage with mirrors: which of them holds which build of each published cache."""
+    mirror_builds = getattr(store, "mirror_builds", None)
+    if mirror_builds is None:
+        return
+    rows = []
+    for dataset_id, version, url, build in mirror_builds():
+        origin = url == store.remote_url
+        state = "origin" if origin else ("empty" if build is None else "mirror")
+        rows.append([dataset_id, version, url, build or "-", state])
+    if rows:
+        print()
+        print_table(["DATASET", "VERSION", "STORAGE", "BUILD", "ROLE"], rows, fold=("DATASET", "VERSION", "STORAGE"))
 
 
 def cmd_info(store: Store, args: argparse.Namespace) -> int:
