@@ -129,9 +129,11 @@ def test_a_copy_keeps_the_cache_identity_in_every_direction(
 
 def test_a_shared_fs_cache_copies_to_a_bucket_and_back(request: pytest.FixtureRequest, tmp_path: Path) -> None:
     shared = tmp_path / "shared"
-    built = CacheStore(shared, part_size_bytes=PART_SIZE, show_progress=False).get_or_build(
-        "ds", "v1", lambda: dataset(N)
-    ).manifest
+    built = (
+        CacheStore(shared, part_size_bytes=PART_SIZE, show_progress=False)
+        .get_or_build("ds", "v1", lambda: dataset(N))
+        .manifest
+    )
     bucket = Place("s3", request, tmp_path)
     config = {"type": "shared_fs", "host_storage_path": str(shared)}
     report = copy_cache(config, bucket.objects, "ds", "v1", show_progress=False)
@@ -241,7 +243,9 @@ def test_another_build_at_the_destination_is_refused_unless_replacing(
     assert reader_keys(node(target.objects, tmp_path / "b").open("ds", "v1")) == expected_keys(N)
 
 
-def test_of_two_concurrent_copies_one_publishes_and_both_succeed(request: pytest.FixtureRequest, tmp_path: Path) -> None:
+def test_of_two_concurrent_copies_one_publishes_and_both_succeed(
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
     source, target = Place("gcs", request, tmp_path), Place("s3", request, tmp_path)
     original = publish(source, tmp_path)
     reports: list[Any] = []

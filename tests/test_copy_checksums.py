@@ -77,9 +77,11 @@ def test_parts_larger_than_a_chunk_copy_whole(
     target = Cloud("gcs" if target_kind == "gcs" else "s3", request.getfixturevalue(servers[target_kind]))
     source_bucket, target_bucket = source.new_bucket(), target.new_bucket()
     objects = source.store(source_bucket, "c")
-    manifest = RemoteCacheStore(objects, tmp_path / "b", part_size_bytes=64 << 20, show_progress=False).get_or_build(
-        "big", "v1", big_dataset
-    ).manifest
+    manifest = (
+        RemoteCacheStore(objects, tmp_path / "b", part_size_bytes=64 << 20, show_progress=False)
+        .get_or_build("big", "v1", big_dataset)
+        .manifest
+    )
     assert len(manifest.parts) == 1 and manifest.parts[0].size_bytes > BIG
     destination: Any = target.store(target_bucket, "c")
     if target_kind == "s3":
@@ -121,12 +123,21 @@ def test_canary_moto_full_object_multipart_computes_the_crc32c_but_accepts_a_wro
     )["UploadId"]
     body = b"x" * (5 << 20)
     part = client.upload_part(
-        Bucket=bucket, Key=key, UploadId=upload, PartNumber=1, Body=body,
-        ChecksumAlgorithm="CRC32C", ChecksumCRC32C=crc32c_of(body),
+        Bucket=bucket,
+        Key=key,
+        UploadId=upload,
+        PartNumber=1,
+        Body=body,
+        ChecksumAlgorithm="CRC32C",
+        ChecksumCRC32C=crc32c_of(body),
     )
     wrong = base64.b64encode(b"\1\2\3\4").decode()
     client.complete_multipart_upload(
-        Bucket=bucket, Key=key, UploadId=upload, ChecksumCRC32C=wrong, ChecksumType="FULL_OBJECT",
+        Bucket=bucket,
+        Key=key,
+        UploadId=upload,
+        ChecksumCRC32C=wrong,
+        ChecksumType="FULL_OBJECT",
         MultipartUpload={"Parts": [{"PartNumber": 1, "ETag": part["ETag"], "ChecksumCRC32C": crc32c_of(body)}]},
     )
     head = client.head_object(Bucket=bucket, Key=key, ChecksumMode="ENABLED")
@@ -156,7 +167,9 @@ def test_canary_moto_copy_object_computes_the_true_crc32c(s3_server: Any) -> Non
     bucket = s3_server.new_bucket()
     data = b"z" * 12345
     client.put_object(Bucket=bucket, Key="src", Body=data)
-    client.copy_object(Bucket=bucket, Key="dst", CopySource={"Bucket": bucket, "Key": "src"}, ChecksumAlgorithm="CRC32C")
+    client.copy_object(
+        Bucket=bucket, Key="dst", CopySource={"Bucket": bucket, "Key": "src"}, ChecksumAlgorithm="CRC32C"
+    )
     head = client.head_object(Bucket=bucket, Key="dst", ChecksumMode="ENABLED")
     assert head["ChecksumCRC32C"] == crc32c_of(data)
 

@@ -34,8 +34,18 @@ def part_objects(cloud: Cloud, bucket: str) -> list[str]:
 def start_copy(source_config: Path, target_config: Path) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [
-            sys.executable, "-m", "yogacache", "copy", "ds", "v1",
-            "--from", str(source_config), "--to", str(target_config), "--threads", "1",
+            sys.executable,
+            "-m",
+            "yogacache",
+            "copy",
+            "ds",
+            "v1",
+            "--from",
+            str(source_config),
+            "--to",
+            str(target_config),
+            "--threads",
+            "1",
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

@@ -34,9 +34,15 @@ N = 1500
 class World:
     def __init__(self, s3_server: Any, s3_server_b: Any, gcs_server: Any, tmp_path: Path) -> None:
         self.tmp_path = tmp_path
-        self.far_cloud, self.mid_cloud, self.near_cloud = Cloud("s3", s3_server_b), Cloud("s3", s3_server), Cloud("gcs", gcs_server)
+        self.far_cloud, self.mid_cloud, self.near_cloud = (
+            Cloud("s3", s3_server_b),
+            Cloud("s3", s3_server),
+            Cloud("gcs", gcs_server),
+        )
         self.far_bucket, self.mid_bucket, self.near_bucket = (
-            self.far_cloud.new_bucket(), self.mid_cloud.new_bucket(), self.near_cloud.new_bucket()
+            self.far_cloud.new_bucket(),
+            self.mid_cloud.new_bucket(),
+            self.near_cloud.new_bucket(),
         )
         self.proxy = FaultProxy(s3_server_b.endpoint_url)
         self.far_direct = S3ObjectStore(self.far_bucket, "caches", endpoint_url=s3_server_b.endpoint_url)
@@ -45,13 +51,20 @@ class World:
         self.near = GCSObjectStore(self.near_bucket, "caches")
 
     def publish(self, objects: Any, fill: int = 0) -> Manifest:
-        builder = RemoteCacheStore(objects, self.tmp_path / unique("builder"), part_size_bytes=PART_SIZE, show_progress=False)
+        builder = RemoteCacheStore(
+            objects, self.tmp_path / unique("builder"), part_size_bytes=PART_SIZE, show_progress=False
+        )
         return builder.get_or_build("ds", "v1", lambda: dataset(N, fill)).manifest
 
     def node(self, mirrors: list[Any], root: Path | None = None) -> MirroredCacheStore:
         return MirroredCacheStore(
-            self.far, mirrors, root or self.tmp_path / unique("node"), part_size_bytes=PART_SIZE,
-            show_progress=False, poll_seconds=0.05, wait_timeout=120,
+            self.far,
+            mirrors,
+            root or self.tmp_path / unique("node"),
+            part_size_bytes=PART_SIZE,
+            show_progress=False,
+            poll_seconds=0.05,
+            wait_timeout=120,
         )
 
     def far_part_reads(self) -> int:

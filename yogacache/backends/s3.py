@@ -490,7 +490,11 @@ class S3ObjectStore:
                 "completing multipart copy to",
                 key,
                 lambda: self._client.complete_multipart_upload(
-                    Bucket=self.bucket, Key=self._key(key), UploadId=upload_id, MultipartUpload={"Parts": parts}, **extra
+                    Bucket=self.bucket,
+                    Key=self._key(key),
+                    UploadId=upload_id,
+                    MultipartUpload={"Parts": parts},
+                    **extra,
                 ),
             )
         except BaseException:

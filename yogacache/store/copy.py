@@ -37,7 +37,6 @@ from typing import Any, Mapping, Optional, Union, cast
 from yogacache.backends.base import (
     DEFAULT_TRANSFER_THREADS,
     CopyableObjectStore,
-    ObjectStore,
     RemoteError,
     TransferCancelled,
 )
@@ -115,9 +114,9 @@ def open_location(target: Target, *, endpoint_url: Optional[str] = None) -> Cach
     """The storage ``target`` names: a URL (``s3://``, ``gs://``, ``file://``), a ``data_layer``
     mapping or config file, a shared_fs directory, an object store (bucket layout), or a
     RemoteCacheStore."""
+    from yogacache.backends.files import FileObjectStore
     from yogacache.backends.registry import open_backend
     from yogacache.config import SharedFSConfig, StorageConfig, load_config_file, parse_config
-    from yogacache.backends.files import FileObjectStore
 
     if isinstance(target, CacheLocation):
         return target
@@ -352,7 +351,9 @@ def _copy_parts(
 
     if not manifest.parts:
         return ()
-    pool = ThreadPoolExecutor(max_workers=max(1, min(threads, len(manifest.parts))), thread_name_prefix="yogacache-copy")
+    pool = ThreadPoolExecutor(
+        max_workers=max(1, min(threads, len(manifest.parts))), thread_name_prefix="yogacache-copy"
+    )
     futures: list[Future[PartInfo]] = [pool.submit(run, part) for part in manifest.parts]
     try:
         pending: set[Future[PartInfo]] = set(futures)
@@ -395,10 +396,10 @@ def _copy_part(
         on_bytes(part.size_bytes)
         return replace(part, crc32c=expected)
     if present is not None:
-        log.info("part %s at %s differs from the source (or cannot be checked); copying it again", part.name, dst.url(key))
-    if dst.objects.copy_from(
-        src.objects, source_key, key, size=part.size_bytes, crc32c=expected, progress=on_bytes
-    ):
+        log.info(
+            "part %s at %s differs from the source (or cannot be checked); copying it again", part.name, dst.url(key)
+        )
+    if dst.objects.copy_from(src.objects, source_key, key, size=part.size_bytes, crc32c=expected, progress=on_bytes):
         after = dst.objects.checksum(key)
         if expected is None:
             found = src.objects.checksum(source_key)

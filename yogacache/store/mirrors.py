@@ -38,7 +38,9 @@ log = logging.getLogger(__name__)
 class MirroredCacheStore(RemoteCacheStore):
     """A RemoteCacheStore (the origin) whose caches are read from the nearest mirror holding them."""
 
-    def __init__(self, objects: ObjectStore, mirrors: list[ObjectStore], local_root: Path | str, **options: Any) -> None:
+    def __init__(
+        self, objects: ObjectStore, mirrors: list[ObjectStore], local_root: Path | str, **options: Any
+    ) -> None:
         super().__init__(objects, local_root, **options)
         if not mirrors:
             raise ValueError("a mirrored store needs at least one mirror")
@@ -80,8 +82,13 @@ class MirroredCacheStore(RemoteCacheStore):
         except BuildWaitTimeoutError:
             raise
         except YogaCacheError as error:  # RemoteError included: a mirror we cannot write
-            log.warning("could not copy %s:%s into mirror %s (%s); reading it from further away",
-                        dataset_id, dataset_version, near.objects.url(), error)
+            log.warning(
+                "could not copy %s:%s into mirror %s (%s); reading it from further away",
+                dataset_id,
+                dataset_version,
+                near.objects.url(),
+                error,
+            )
             filled = None
         if filled is not None:
             return near.sync(dataset_id, dataset_version, filled)
@@ -98,10 +105,14 @@ class MirroredCacheStore(RemoteCacheStore):
                 return mirror, held
         return self, current
 
-    def _fill(self, near: RemoteCacheStore, dataset_id: str, dataset_version: str, current: Manifest) -> Optional[Manifest]:
+    def _fill(
+        self, near: RemoteCacheStore, dataset_id: str, dataset_version: str, current: Manifest
+    ) -> Optional[Manifest]:
         """Makes ``near`` hold the current build: one node copies under ``near``'s build lease, the
         others wait for its manifest. Returns the manifest ``near`` then publishes."""
-        lease = Lease(near.objects, near.key(dataset_id, dataset_version, LEASE_NAME), uuid.uuid4().hex, self.lease_seconds)
+        lease = Lease(
+            near.objects, near.key(dataset_id, dataset_version, LEASE_NAME), uuid.uuid4().hex, self.lease_seconds
+        )
         deadline = None if self.wait_timeout is None else time.monotonic() + self.wait_timeout
         announced = False
         while True:
@@ -115,10 +126,21 @@ class MirroredCacheStore(RemoteCacheStore):
                     if held is not None and held.freshness == current.freshness:
                         return held  # filled between our check and the lease
                     source, _ = self._nearest_holding(dataset_id, dataset_version, current, skip=1)
-                    log.info("copying %s:%s from %s into mirror %s",
-                             dataset_id, dataset_version, source.objects.url(), near.objects.url())
-                    copy_cache(source.objects, near.objects, dataset_id, dataset_version,
-                               replace_other=True, show_progress=self.show_progress)
+                    log.info(
+                        "copying %s:%s from %s into mirror %s",
+                        dataset_id,
+                        dataset_version,
+                        source.objects.url(),
+                        near.objects.url(),
+                    )
+                    copy_cache(
+                        source.objects,
+                        near.objects,
+                        dataset_id,
+                        dataset_version,
+                        replace_other=True,
+                        show_progress=self.show_progress,
+                    )
                 finally:
                     lease.release()
                 continue
