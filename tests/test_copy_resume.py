@@ -24,7 +24,7 @@ from yogacache.store.copy import copy_cache
 from yogacache.store.remote import RemoteCacheStore
 
 PART_SIZE = 100_000
-N = 2000
+N = 1500
 
 
 def part_objects(cloud: Cloud, bucket: str) -> list[str]:

@@ -28,7 +28,7 @@ from yogacache.store.mirrors import MirroredCacheStore
 from yogacache.store.remote import RemoteCacheStore, read_origin
 
 PART_SIZE = 100_000
-N = 1500
+N = 800
 
 
 class World:
