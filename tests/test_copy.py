@@ -309,6 +309,8 @@ def test_the_cli_copies_between_two_s3_servers_given_as_config_files(
     err = capsys.readouterr().err
     assert "Pass --replace" in err and "testing-secret" not in err
     assert main(["copy", "ds", "v1", "--from", configs[0], "--to", str(other_config), "--replace"]) == 0
+    assert main(["copy", "ds", "v1", "--from", configs[0], "--to", configs[1], "--threads", "0"]) == 1
+    assert "--threads must be at least 1" in capsys.readouterr().err
 
 
 def test_location_layouts() -> None:

@@ -384,6 +384,8 @@ def cmd_copy(store: Store, args: argparse.Namespace) -> int:
     """Copies a published cache between storages (``store`` is not used: --from and --to say)."""
     from yogacache.store.copy import copy_cache
 
+    if args.threads < 1:
+        raise ConfigError(f"--threads must be at least 1, got {args.threads}")
     report = copy_cache(
         args.copy_from,
         args.copy_to,
