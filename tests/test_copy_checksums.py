@@ -182,3 +182,35 @@ def test_canary_fake_gcs_reports_the_true_crc32c_after_a_rewrite(gcs_server: Any
     token, _, _ = bucket.blob("dst").rewrite(bucket.blob("src"))
     assert token is None
     assert bucket.get_blob("dst").crc32c == crc32c_of(data)
+
+
+# -- the manifest field -----------------------------------------------------------------------
+def _manifest_bytes(tmp_path: Path) -> bytes:
+    from yogacache.store.local import CacheStore
+
+    store = CacheStore(tmp_path / "c", show_progress=False)
+    store.get_or_build("m", "v1", lambda: list(range(50)))
+    return (store.cache_dir("m", "v1") / "manifest.json").read_bytes()
+
+
+def test_a_manifest_without_crc32c_keeps_its_bytes_and_one_with_it_round_trips(tmp_path: Path) -> None:
+    import dataclasses
+    import json
+
+    from yogacache.format.manifest import Manifest
+
+    data = _manifest_bytes(tmp_path)
+    manifest = Manifest.from_bytes(data, "test")
+    assert b"crc32c" not in data and manifest.to_bytes() == data  # unchanged for older releases
+    with_crc = dataclasses.replace(
+        manifest, parts=tuple(dataclasses.replace(p, crc32c=crc32c_of(b"x")) for p in manifest.parts)
+    )
+    again = Manifest.from_bytes(with_crc.to_bytes(), "test")
+    assert again == with_crc and again.parts[0].crc32c == crc32c_of(b"x")
+    assert again.content_json() == manifest.content_json()  # the same cache, part for part
+    raw = json.loads(with_crc.to_bytes())
+    raw["parts"][0]["crc32c"] = "not-a-crc"
+    from yogacache.errors import CorruptCacheError
+
+    with pytest.raises(CorruptCacheError, match="field 'crc32c' is not a base64 CRC32C"):
+        Manifest.from_bytes(json.dumps(raw).encode(), "test")
