@@ -186,10 +186,11 @@ def test_a_server_side_copy_sends_no_part_byte_through_the_client(
         assert streamed >= original.total_size_bytes
 
 
+@pytest.mark.parametrize("target_kind", ["gcs", "s3b", "dir"])
 def test_a_destination_part_altered_after_the_copy_is_found_and_copied_again(
-    request: pytest.FixtureRequest, tmp_path: Path
+    target_kind: str, request: pytest.FixtureRequest, tmp_path: Path
 ) -> None:
-    source, target = Place("s3", request, tmp_path), Place("gcs", request, tmp_path)
+    source, target = Place("s3", request, tmp_path), Place(target_kind, request, tmp_path)
     original = publish(source, tmp_path)
     copy_cache(source.objects, target.objects, "ds", "v1", show_progress=False)
     victim = original.parts[3]

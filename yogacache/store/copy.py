@@ -539,7 +539,8 @@ def check_copy(
 ) -> list[str]:
     """The parts of the cache published at ``target`` whose size or CRC32C, as the store itself
     reports them (no bytes read from a bucket), differ from the manifest; empty when all match.
-    Parts whose manifest has no CRC32C (caches never copied) are checked by size only."""
+    An object without a CRC32C where the manifest has one was rewritten since: it counts as
+    damaged. Parts whose manifest has no CRC32C (caches never copied) are checked by size only."""
     location = open_location(target, endpoint_url=endpoint_url)
     manifest = _source_manifest(location, dataset_id, dataset_version)
     damaged = []
@@ -547,6 +548,6 @@ def check_copy(
         found = location.objects.checksum(location.part_key(manifest, part))
         if found is None or found.size != part.size_bytes:
             damaged.append(part.name)
-        elif part.crc32c is not None and found.crc32c is not None and found.crc32c != part.crc32c:
-            damaged.append(part.name)
+        elif part.crc32c is not None and found.crc32c != part.crc32c:
+            damaged.append(part.name)  # another CRC32C, or none: rewritten since it was copied
     return damaged
