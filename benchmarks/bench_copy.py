@@ -157,15 +157,15 @@ def run(workdir: Path, count: int, endpoint_a: str, endpoint_b: str) -> None:
         proxied_source = S3ObjectStore("source", "caches", endpoint_url=proxy.url)
         ours, _ = timed(lambda: copy_cache(proxied_source, S3ObjectStore("same-a", "caches", endpoint_url=proxy.url),
                                            "images", "v1", show_progress=False))
-        ours_bytes = sum(entry.body_bytes for entry in proxy.log if "-part-" in entry.target)
-        proxy.clear_log()
+        ours_bytes = proxy.body_bytes("-part-")
+        proxy.clear_body_bytes()
         proxied_client = boto3.client("s3", endpoint_url=proxy.url)
         copy_config = TransferConfig(multipart_threshold=5 << 30, max_concurrency=8)
         plain, _ = timed(lambda: [
             proxied_client.copy({"Bucket": "source", "Key": key}, "plain-same", key, Config=copy_config)
             for key in keys
         ])
-        plain_bytes = sum(entry.body_bytes for entry in proxy.log if "-part-" in entry.target)
+        plain_bytes = proxy.body_bytes("-part-")
     rows.append(("S3 -> S3 (one server, server-side)", ours, plain, "s3transfer managed copy"))
 
     # 4. Resume after a kill at 50%.

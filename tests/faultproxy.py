@@ -97,7 +97,6 @@ class Logged:
     action: str
     status: Optional[int]  # the status sent to the client; None for resets and dropped requests
     time: float
-    body_bytes: int = 0  # request plus response body bytes of a forwarded request
 
 
 class _ClientGone(Exception):
@@ -119,6 +118,7 @@ class FaultProxy:
         self._clients: set[socket.socket] = set()
         self.body_bytes_in = 0  # request body bytes received from clients
         self.body_bytes_out = 0  # response body bytes forwarded to clients
+        self._forwarded_bytes: list[tuple[str, int]] = []  # (target, request + response body bytes)
         self._stopping = threading.Event()
         self._listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -168,10 +168,18 @@ class FaultProxy:
         with self._lock:
             self._log.clear()
 
-    def body_bytes(self) -> int:
-        """Request and response body bytes that passed through the proxy (both directions)."""
+    def body_bytes(self, path_contains: Optional[str] = None) -> int:
+        """Request and response body bytes that passed through the proxy (both directions): of
+        every request, or of the forwarded requests whose target contains ``path_contains``."""
         with self._lock:
-            return self.body_bytes_in + self.body_bytes_out
+            if path_contains is None:
+                return self.body_bytes_in + self.body_bytes_out
+            return sum(count for target, count in self._forwarded_bytes if path_contains in target)
+
+    def clear_body_bytes(self) -> None:
+        with self._lock:
+            self.body_bytes_in = self.body_bytes_out = 0
+            self._forwarded_bytes.clear()
 
     @property
     def log(self) -> list[Logged]:
@@ -227,11 +235,9 @@ class FaultProxy:
                 self._clients.add(conn)
             threading.Thread(target=self._serve, args=(conn,), name="faultproxy-conn", daemon=True).start()
 
-    def _record(
-        self, method: str, target: str, action: str, status: Optional[int], body_bytes: int = 0
-    ) -> None:
+    def _record(self, method: str, target: str, action: str, status: Optional[int]) -> None:
         with self._lock:
-            self._log.append(Logged(method, target, action, status, time.time(), body_bytes))
+            self._log.append(Logged(method, target, action, status, time.time()))
 
     def _match(self, method: str, target: str) -> Optional[Rule]:
         with self._lock:
@@ -313,9 +319,10 @@ class FaultProxy:
             conn.shutdown(socket.SHUT_RDWR)
             return False
         sent = 0 if method.upper() == "HEAD" else len(data)
-        self._record(method, target, "delay" if rule is not None else "forwarded", status, len(body) + sent)
+        self._record(method, target, "delay" if rule is not None else "forwarded", status)
         with self._lock:
             self.body_bytes_out += sent
+            self._forwarded_bytes.append((target, len(body) + sent))
         self._send(conn, method, status, reason, response_headers, data)
         return keep_alive
 
