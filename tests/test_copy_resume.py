@@ -103,8 +103,10 @@ def test_a_copy_killed_half_way_resumes_with_the_parts_it_had_copied(setup: Any,
     destination = S3ObjectStore(target_bucket, "caches", endpoint_url=target.server.endpoint_url)
     report = copy_cache(source_config, destination, "ds", "v1", show_progress=False)
     assert report.published
-    assert len(report.kept) == present  # every part that had landed is kept, verified
-    assert len(report.copied) == total - present  # only the rest is copied
+    # Every part that had landed is kept, verified (one the proxy was still forwarding at the
+    # kill may land after the count); only the rest is copied.
+    assert len(report.kept) >= present
+    assert sorted(report.kept + report.copied) == [part.name for part in manifest.parts]
     kept_bytes = sum(part.size_bytes for part in manifest.parts if part.name in report.kept)
     assert report.bytes_through_client == manifest.total_size_bytes - kept_bytes
     reader = RemoteCacheStore(destination, tmp_path / "reader", show_progress=False).open("ds", "v1")
