@@ -312,7 +312,8 @@ class GCSObjectStore:
         compares it with the one GCS computed (a mismatch deletes the object and raises)."""
 
         def call() -> None:
-            self._blob(key).upload_from_file(
+            # The library's default resumable chunk (100 MiB): one request for a part of a usual size.
+            self._blob(key, chunked=False).upload_from_file(
                 _ChunkReader(iter(chunks), progress), size=size, checksum="crc32c", retry=None, timeout=self.timeout
             )
 
@@ -364,7 +365,8 @@ class _ChunkReader(io.RawIOBase):
     def __init__(self, chunks: Iterator[bytes], progress: Optional[ProgressCallback]) -> None:
         self._chunks = chunks
         self._progress = progress
-        self._buffer = b""
+        self._pending: list[bytes] = []  # chunks not yet handed out, joined once per read
+        self._pending_bytes = 0
         self._position = 0
 
     def readable(self) -> bool:
@@ -374,15 +376,19 @@ class _ChunkReader(io.RawIOBase):
         return self._position
 
     def read(self, size: int = -1) -> bytes:
-        while size < 0 or len(self._buffer) < size:
+        while size < 0 or self._pending_bytes < size:
             chunk = next(self._chunks, None)
             if chunk is None:
                 break
-            self._buffer += chunk
-        if size < 0:
-            data, self._buffer = self._buffer, b""
+            self._pending.append(chunk)
+            self._pending_bytes += len(chunk)
+        joined = self._pending[0] if len(self._pending) == 1 else b"".join(self._pending)
+        if size < 0 or size >= len(joined):
+            data, rest = joined, b""
         else:
-            data, self._buffer = self._buffer[:size], self._buffer[size:]
+            data, rest = joined[:size], joined[size:]
+        self._pending = [rest] if rest else []
+        self._pending_bytes = len(rest)
         self._position += len(data)
         if self._progress and data:
             self._progress(len(data))

@@ -344,13 +344,18 @@ def _copy_parts(
         if cancel.is_set():
             raise TransferCancelled("copy cancelled")
         try:
-            return _copy_part(src, dst, manifest, part, report, lock, on_bytes)
+            return _copy_part(src, dst, manifest, part, report, lock, on_bytes, listed)
         except BaseException:
             cancel.set()
             raise
 
     if not manifest.parts:
         return ()
+    # One listing says which parts are there at all: only those are asked for their checksum.
+    listed = {
+        info.key: info.size
+        for info in dst.objects.list(dst.cache_key(manifest.dataset_id, manifest.dataset_version))
+    }
     pool = ThreadPoolExecutor(
         max_workers=max(1, min(threads, len(manifest.parts))), thread_name_prefix="yogacache-copy"
     )
@@ -382,10 +387,11 @@ def _copy_part(
     report: CopyReport,
     lock: threading.Lock,
     on_bytes: Any,
+    listed: dict[str, int],
 ) -> PartInfo:
     source_key, key = src.part_key(manifest, part), dst.part_key(manifest, part)
     expected = part.crc32c
-    present = dst.objects.checksum(key)
+    present = dst.objects.checksum(key) if listed.get(key) == part.size_bytes else None
     if expected is None and present is not None and present.size == part.size_bytes:
         # A cache from before CRC32C was kept: the source's own checksum, where it has one.
         found = src.objects.checksum(source_key)
