@@ -1,0 +1,62 @@
+"""Faults during a streamed copy, injected by the fault proxy in front of the source server: a
+stream cut part-way is started over; a source that keeps failing fails the copy with a clear
+error and publishes nothing.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.cloud_helpers import FAST_RETRY, Cloud, dataset, expected_keys, reader_keys
+from tests.faultproxy import FaultProxy
+from yogacache.backends.base import RemoteError
+from yogacache.backends.s3 import S3ObjectStore
+from yogacache.format.manifest import MANIFEST_NAME
+from yogacache.store.copy import copy_cache
+from yogacache.store.remote import RemoteCacheStore
+
+PART_SIZE = 100_000
+N = 800
+
+
+@pytest.fixture
+def published(s3_server: Any, s3_server_b: Any, tmp_path: Path) -> Any:
+    source = Cloud("s3", s3_server)
+    bucket = source.new_bucket()
+    objects = S3ObjectStore(bucket, "caches", endpoint_url=s3_server.endpoint_url)
+    builder = RemoteCacheStore(objects, tmp_path / "builder", part_size_bytes=PART_SIZE, show_progress=False)
+    manifest = builder.get_or_build("ds", "v1", lambda: dataset(N)).manifest
+    target = Cloud("s3", s3_server_b)
+    target_bucket = target.new_bucket()
+    destination = S3ObjectStore(target_bucket, "caches", endpoint_url=s3_server_b.endpoint_url)
+    proxy = FaultProxy(s3_server.endpoint_url)
+    yield manifest, S3ObjectStore(bucket, "caches", endpoint_url=proxy.url, retry=FAST_RETRY), destination, proxy
+    proxy.stop()
+
+
+def test_a_stream_cut_part_way_is_started_over(published: Any, tmp_path: Path) -> None:
+    manifest, source, destination, proxy = published
+    part = manifest.parts[1].name
+    proxy.add_rule(action="truncate", method="GET", path_contains=part, after_bytes=5000, times=1)
+    report = copy_cache(source, destination, "ds", "v1", show_progress=False)
+    assert report.published
+    assert [e.action for e in proxy.requests("GET", part)] == ["truncate", "forwarded"]
+    reader = RemoteCacheStore(destination, tmp_path / "reader", show_progress=False).open("ds", "v1")
+    assert reader_keys(reader) == expected_keys(N)
+
+
+def test_a_source_that_keeps_failing_fails_the_copy_and_publishes_nothing(published: Any) -> None:
+    manifest, source, destination, proxy = published
+    part = manifest.parts[2].name
+    proxy.add_rule(action="status", status=503, method="GET", path_contains=part)
+    with pytest.raises(RemoteError, match=r"GET s3://.*part-00002.mdb failed after 2 attempt\(s\): HTTP 503") as raised:
+        copy_cache(source, destination, "ds", "v1", show_progress=False)
+    assert "testing-secret" not in str(raised.value)
+    assert destination.read(f"ds/v1/{MANIFEST_NAME}") is None
+    # Once the source answers again, the copy resumes and publishes.
+    proxy.clear_rules()
+    report = copy_cache(source, destination, "ds", "v1", show_progress=False)
+    assert report.published and part in report.copied
