@@ -60,3 +60,27 @@ def test_a_source_that_keeps_failing_fails_the_copy_and_publishes_nothing(publis
     proxy.clear_rules()
     report = copy_cache(source, destination, "ds", "v1", show_progress=False)
     assert report.published and part in report.copied
+
+
+def test_a_read_only_source_of_an_old_cache_is_copied_with_checksums_computed_on_the_way(
+    published: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An S3 source without CRC32Cs that refuses the copy onto itself (no write access): the copy
+    computes each part's CRC32C while streaming it and checks the destination's against it."""
+    import logging
+
+    from yogacache.format.manifest import Manifest
+    from yogacache.store.copy import check_copy
+
+    manifest, source, destination, proxy = published
+    proxy.add_rule(action="status", status=403, method="PUT")  # read-only: every write refused
+    with caplog.at_level(logging.WARNING, logger="yogacache.store.copy"):
+        report = copy_cache(source, destination, "ds", "v1", show_progress=False)
+    assert "could not have" in caplog.text and "testing-secret" not in caplog.text
+    assert report.published and len(report.streamed) == len(manifest.parts)
+    found = destination.read(f"ds/v1/{MANIFEST_NAME}")
+    assert found is not None
+    copied = Manifest.from_bytes(found[0], "dest")
+    assert all(part.crc32c for part in copied.parts)
+    assert check_copy(destination, "ds", "v1") == []
+    assert not proxy.requests("PUT", action="forwarded")  # the source was never written

@@ -250,7 +250,8 @@ def add_checksums(
 
     The CRC32C is the one the store computes (GCS always has it; an S3 object without one is
     copied onto itself with CRC32C, server-side; a directory computes it); only where the store
-    cannot is the part read, and then its SHA-256 is checked on the way. The manifest is
+    cannot is the part read, and then its SHA-256 is checked on the way. Where the store refuses
+    (a read-only bucket) the part keeps no CRC32C here, with a warning. The manifest is
     rewritten conditionally on the version read, with the same build id and creation time: nodes
     holding a copy of the build keep it. Where it cannot be rewritten (no permission, or it
     changed meanwhile) the checksums are still returned, and a warning says so.
@@ -266,7 +267,13 @@ def add_checksums(
 
     def checksum(part: PartInfo) -> PartInfo:
         part_key = location.part_key(manifest, part)
-        reported = location.objects.ensure_checksum(part_key)
+        try:
+            reported = location.objects.ensure_checksum(part_key)
+        except RemoteError as error:
+            # Typically a source this process may read but not write: the copy computes the
+            # CRC32C on its own way instead (streamed), or takes the destination's (server-side).
+            log.warning("could not have %s compute a CRC32C of %s: %s", location.url(), part_key, error)
+            return part
         if reported is None or reported.size != part.size_bytes:
             raise CorruptCacheError(
                 f"part {part.name} of {location.url(key)} is missing or not {part.size_bytes} bytes at "
@@ -283,6 +290,8 @@ def add_checksums(
 
     with ThreadPoolExecutor(max_workers=max(1, min(threads, len(missing))), thread_name_prefix="yogacache-crc") as pool:
         added = dict(zip([part.name for part in missing], pool.map(checksum, missing)))
+    if all(part.crc32c is None for part in added.values()):
+        return manifest  # the store computed none: nothing to record
     updated = replace(manifest, parts=tuple(added.get(part.name, part) for part in manifest.parts))
     try:
         written = location.objects.write(key, updated.to_bytes(), if_token=token) if token else None
