@@ -319,3 +319,20 @@ def test_location_layouts() -> None:
     part: Any = type("P", (), {"name": "part-00000.mdb"})()
     assert CacheLocation(objects).part_key(manifest_like, part) == "a/v/b1-part-00000.mdb"
     assert CacheLocation(objects, build_prefixed=False).part_key(manifest_like, part) == "a/v/part-00000.mdb"
+
+
+def test_the_cli_copies_between_urls(request: pytest.FixtureRequest, tmp_path: Path, capsys: Any) -> None:
+    from yogacache.cli import main
+
+    source = Place("gcs", request, tmp_path)
+    original = publish(source, tmp_path)
+    target = tmp_path / "bucket-like"
+    assert main(["copy", "ds", "v1", "--from", f"gs://{source.bucket}/caches", "--to", f"file://{target}"]) == 0
+    out = capsys.readouterr().out
+    assert f"{len(original.parts)} part(s) copied (0 server-side), 0 already there" in out
+    # The file:// destination has the bucket layout: a RemoteCacheStore on it reads the cache.
+    reader = node(FileObjectStore(target), tmp_path / "n").open("ds", "v1")
+    assert reader.manifest.freshness == original.freshness
+    assert reader_keys(reader) == expected_keys(N)
+    assert main(["copy", "ds", "v2", "--from", f"gs://{source.bucket}/caches", "--to", f"file://{target}"]) == 1
+    assert "no cache for dataset 'ds' version 'v2'" in capsys.readouterr().err
