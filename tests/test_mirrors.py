@@ -198,3 +198,56 @@ def test_bad_mirror_configs_are_clear_errors(mirrors: Any, message: str) -> None
 
     with pytest.raises(ConfigError, match=message):
         parse_config({"type": "s3", "bucket": "origin", "bucket_directory_path": "c", "mirrors": mirrors})
+
+
+NODE_CODE = """
+import sys
+from pathlib import Path
+from yogacache.backends.gcs import GCSObjectStore
+from yogacache.backends.s3 import S3ObjectStore
+from yogacache.store.mirrors import MirroredCacheStore
+
+far_bucket, far_endpoint, near_bucket, root = sys.argv[1:5]
+store = MirroredCacheStore(
+    S3ObjectStore(far_bucket, "caches", endpoint_url=far_endpoint),
+    [GCSObjectStore(near_bucket, "caches")],
+    Path(root), part_size_bytes=100_000, show_progress=False, lease_seconds=2.0, poll_seconds=0.05,
+)
+store.open("ds", "v1")
+print("{}")
+"""
+
+
+@pytest.mark.slow
+def test_a_node_killed_while_filling_the_near_mirror_is_taken_over(world: World) -> None:
+    import signal
+    import time
+
+    from tests.cloud_helpers import start_python
+
+    current = world.publish(world.far_direct)
+    world.proxy.add_rule(action="delay", method="GET", path_contains="-part-", seconds=0.4)
+    filler = start_python(NODE_CODE, world.far_bucket, world.proxy.url, world.near_bucket, str(world.tmp_path / "a"))
+    deadline = time.monotonic() + 60
+    while len([i for i in world.near.list("ds/v1/") if "-part-" in i.key]) < 2:
+        assert filler.poll() is None, filler.communicate()[1][-2000:]
+        assert time.monotonic() < deadline, "the filling node made no progress"
+        time.sleep(0.05)
+    filler.send_signal(signal.SIGKILL)
+    filler.communicate(timeout=30)
+    assert world.near_manifest() is None  # half a copy is never visible
+    world.proxy.clear_log()
+    world.proxy.clear_rules()
+    node = MirroredCacheStore(
+        world.far,
+        [world.near],
+        world.tmp_path / "b",
+        part_size_bytes=PART_SIZE,
+        show_progress=False,
+        lease_seconds=2.0,
+        poll_seconds=0.05,
+        wait_timeout=120,
+    )
+    assert reader_keys(node.open("ds", "v1")) == expected_keys(N)  # took the stale lease over
+    assert world.near_manifest().freshness == current.freshness  # type: ignore[union-attr]
+    assert world.far_part_reads() < len(current.parts)  # the parts already copied were kept

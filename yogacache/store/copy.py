@@ -362,8 +362,7 @@ def _copy_parts(
         return ()
     # One listing says which parts are there at all: only those are asked for their checksum.
     listed = {
-        info.key: info.size
-        for info in dst.objects.list(dst.cache_key(manifest.dataset_id, manifest.dataset_version))
+        info.key: info.size for info in dst.objects.list(dst.cache_key(manifest.dataset_id, manifest.dataset_version))
     }
     pool = ThreadPoolExecutor(
         max_workers=max(1, min(threads, len(manifest.parts))), thread_name_prefix="yogacache-copy"
