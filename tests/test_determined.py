@@ -259,7 +259,8 @@ def test_core_info_argument_and_overrides(monkeypatch: pytest.MonkeyPatch, tmp_p
         assert ydet.data_layer(context, info=info).offset == 8  # 2 x global_batch_size 4
         overridden = ydet.data_layer(context, info=info, steps_completed=5, per_slot_batch_size=3, seed=9)
         assert (overridden.offset, overridden.facts.seed) == (15, 9)
-        assert ydet.data_layer(context, steps_completed=4, per_slot_batch_size=2, storage=shared_fs(tmp_path)).offset == 8
+        explicit = ydet.data_layer(context, steps_completed=4, per_slot_batch_size=2, storage=shared_fs(tmp_path))
+        assert explicit.offset == 8
 
 
 def test_resume_without_a_batch_size_is_a_clear_error(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -396,7 +397,7 @@ def test_two_processes_read_disjoint_shards(tmp_path: Path) -> None:
         for rank in (0, 1)
     ]
     outs = [proc.communicate(timeout=300) for proc in procs]
-    for proc, (out, err) in zip(procs, outs):
+    for proc, (_out, err) in zip(procs, outs):
         assert proc.returncode == 0, err
     got = [json.loads(out.strip().splitlines()[-1]) for out, _ in outs]
     assert got[0] == shard_order(0, 2, 41, drop=True, seed=0)
