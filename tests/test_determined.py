@@ -535,6 +535,51 @@ def test_gcs_section_publishes_to_the_bucket(monkeypatch: pytest.MonkeyPatch, tm
     assert (local / "yogadl_local_cache" / "digits" / "v1_val" / "manifest.json").exists()
 
 
+# -- the example trial ---------------------------------------------------------------------------
+
+
+def run_trial_example(tmp_path: Path, *args: str) -> str:
+    work = tmp_path / "work"  # Determined copies the working directory into its checkpoints
+    work.mkdir(exist_ok=True)
+    result = subprocess.run(
+        [sys.executable, str(REPO / "examples" / "determined_trial.py"), "--storage", str(tmp_path / "caches"), *args],
+        capture_output=True, text=True, timeout=600, cwd=work,
+        env={**os.environ, "PYTHONPATH": str(REPO), "XDG_DATA_HOME": str(tmp_path / "checkpoints")},
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    return result.stdout
+
+
+@pytest.mark.slow
+def test_example_trial_runs_off_cluster(tmp_path: Path) -> None:
+    first = run_trial_example(tmp_path, "--batches", "80")  # more than one epoch (64 batches)
+    assert "seed=42" in first
+    assert "caches built this run: train 1, validation 1" in first
+    assert float(first.split("validation accuracy ")[1].split()[0]) >= 0.9
+    assert CacheStore(tmp_path / "caches").manifest("synthetic-blobs", "v1_train").num_records == 2048
+    second = run_trial_example(tmp_path, "--batches", "5")
+    assert "caches built this run: train 0, validation 0" in second
+
+
+class Batches:
+    """A loader of one epoch: each pass yields the next epoch's batches."""
+
+    def __init__(self, epochs: list[list[int]]) -> None:
+        self.epochs = iter(epochs)
+
+    def __len__(self) -> int:
+        return 2
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(next(self.epochs, []))
+
+
+def test_repeat_epochs_goes_on_and_stops_on_an_empty_epoch() -> None:
+    repeated = ydet.repeat_epochs(Batches([[1, 2], [3, 4], [5, 6]]))
+    assert len(repeated) == 2
+    assert list(repeated) == [1, 2, 3, 4, 5, 6]  # the fourth pass is empty: the end, not a hang
+
+
 # -- misuse and laziness ------------------------------------------------------------------------
 
 

@@ -30,7 +30,7 @@ import logging
 import sys
 import weakref
 from pathlib import Path
-from typing import Any, Callable, Mapping, Optional, Union
+from typing import Any, Callable, Iterator, Mapping, Optional, Union
 
 try:
     import determined as det
@@ -50,8 +50,10 @@ __all__ = [
     "DEFAULT_STORAGE_PATH",
     "DecoratorReusedError",
     "DeterminedDataLayer",
+    "RepeatEpochs",
     "TrialFacts",
     "data_layer",
+    "repeat_epochs",
     "storage_from_data_layer",
     "trial_facts",
 ]
@@ -410,3 +412,34 @@ def data_layer(
         returns=returns,
         **layer_options,
     )
+
+
+class RepeatEpochs:
+    """A training loader that goes on epoch after epoch, as a ``PyTorchTrial`` needs.
+
+    Determined's PyTorch trial controller iterates its training loader once and trains until
+    ``max_length``; its own ``det.pytorch.DataLoader`` repeats for that reason. Each new pass
+    over the wrapped loader (a ``torch.utils.data.DataLoader`` over a cached training dataset)
+    reads the next epoch, reshuffled. ``len()`` is the wrapped loader's: one epoch's batches.
+    An empty shard ends the iteration instead of looping forever.
+    """
+
+    def __init__(self, loader: Any) -> None:
+        self.loader = loader
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def __iter__(self) -> Iterator[Any]:
+        while True:
+            empty = True
+            for batch in self.loader:
+                empty = False
+                yield batch
+            if empty:
+                return
+
+
+def repeat_epochs(loader: Any) -> RepeatEpochs:
+    """``loader``, repeated epoch after epoch: return it from ``build_training_data_loader``."""
+    return RepeatEpochs(loader)
