@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -578,6 +579,31 @@ def test_repeat_epochs_goes_on_and_stops_on_an_empty_epoch() -> None:
     repeated = ydet.repeat_epochs(Batches([[1, 2], [3, 4], [5, 6]]))
     assert len(repeated) == 2
     assert list(repeated) == [1, 2, 3, 4, 5, 6]  # the fourth pass is empty: the end, not a hang
+
+
+def test_the_readme_migration_line_runs(tmp_path: Path) -> None:
+    import tensorflow as tf
+
+    import yogacache
+
+    text = (REPO / "README.md").read_text()
+    section = text[text.index("### Determined trials"):]
+    row = next(line for line in section.splitlines() if line.startswith("| `@self.context.experimental"))
+    removed, replacement = re.findall(r"`([^`]+)`", row)[:2]
+    assert replacement == removed.replace("self.context.experimental", "yogacache.determined.data_layer(self.context)")
+
+    class Trial:
+        context = det.TrialContext.from_config(
+            {"data_layer": shared_fs(tmp_path / "caches"), "hyperparameters": {"global_batch_size": 4},
+             "reproducibility": {"experiment_seed": 6}}
+        )
+
+    namespace: dict[str, Any] = {"self": Trial(), "yogacache": yogacache, "records": records}
+    exec(replacement + "\ndef make_dataset():\n    return records()\n", namespace)
+    dataset = namespace["make_dataset"]()
+    assert isinstance(dataset, tf.data.Dataset)
+    assert [int(e["i"]) for e in dataset.as_numpy_iterator()] == shard_order(0, 1, N, drop=True, seed=6)
+    assert CacheStore(tmp_path / "caches").exists("mnist", "v1_train")
 
 
 # -- misuse and laziness ------------------------------------------------------------------------
