@@ -152,11 +152,11 @@ def trial_context(info: det.ClusterInfo, distributed: core.DistributedContext | 
     return det.TrialContext(core_context(info, distributed), env)
 
 
-def pytorch_context(info: det.ClusterInfo) -> Any:
+def pytorch_context(info: det.ClusterInfo, distributed: core.DistributedContext | None = None) -> Any:
     """A PyTorchTrialContext with the values ``det.pytorch.init()`` takes from the cluster info."""
     from determined import pytorch
 
-    context = core_context(info)
+    context = core_context(info, distributed)
     return pytorch.PyTorchTrialContext(
         core_context=context,
         trial_seed=info.trial.trial_seed,
@@ -254,6 +254,16 @@ def test_core_on_cluster_resumes_after_the_checkpoint(monkeypatch: pytest.Monkey
     assert ids(validation) == shard_order(0, 1, N, drop=False, seed=77)
 
 
+def test_resume_past_an_epoch_starts_in_a_later_epoch(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    config = {"data_layer": shared_fs(tmp_path / "caches")}
+    info = cluster_info(monkeypatch, config, steps_completed=30, trial_seed=2, hparams={"global_batch_size": 4})
+    layer = ydet.data_layer(core_context(info), returns="stream")
+    assert layer.offset == 120  # 2 whole epochs of 50 records, then 20 more
+    stream = layer.cache_train_dataset("digits", "v1", shuffle=True)(Maker())()
+    assert ids(stream) == shard_order(0, 1, N, drop=True, seed=2, epoch=2)[20:]
+    assert ids(stream) == shard_order(0, 1, N, drop=True, seed=2, epoch=3)
+
+
 def test_core_info_argument_and_overrides(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     info = cluster_info(monkeypatch, {"data_layer": shared_fs(tmp_path / "c")}, steps_completed=2)
     with core.init() as context:  # off-cluster context, cluster info passed in
@@ -335,19 +345,25 @@ def test_pytorch_init_off_cluster(tmp_path: Path) -> None:
         assert (layer.facts.returns, layer.facts.seed, layer.offset) == ("torch", 3, 0)
         dataset = layer.cache_train_dataset("digits", "v1", shuffle=True)(Maker())()
         assert [int(e["i"]) for e in dataset] == shard_order(0, 1, N, drop=True, seed=3)
+    with pytorch.init(exp_conf=exp_conf) as context:  # no hparams: no batch size, none needed at batch 0
+        layer = ydet.data_layer(context, storage=shared_fs(tmp_path / "other"))
+        assert (layer.facts.per_slot_batch_size, layer.offset) == (None, 0)
     with pytorch.init(hparams={"global_batch_size": 4}) as context:  # no exp_conf: no data_layer
         with pytest.raises(ConfigError, match="no data_layer section"):
             ydet.data_layer(context)
 
 
-def test_two_ranks_read_disjoint_shards(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, two_ranks: list[Any]) -> None:
+@pytest.mark.parametrize("make_context", [trial_context, pytorch_context], ids=["TrialContext", "PyTorchTrialContext"])
+def test_two_ranks_read_disjoint_shards(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, two_ranks: list[Any], make_context: Any
+) -> None:
     config = {"data_layer": shared_fs(tmp_path / "caches"), "resources": {"slots_per_trial": 2}}
     info = cluster_info(monkeypatch, config, steps_completed=2, trial_seed=8, hparams={"global_batch_size": 6})
     make = Maker()
     train: list[list[int]] = []
     validation: list[list[int]] = []
     for distributed in two_ranks:
-        layer = ydet.data_layer(trial_context(info, distributed), returns="stream")
+        layer = ydet.data_layer(make_context(info, distributed), returns="stream")
         assert (layer.facts.rank, layer.facts.num_shards) == (distributed.rank, 2)
         assert layer.offset == 6  # 2 batches x (6 // 2) records per slot
         stream = layer.cache_train_dataset("digits", "v1", shuffle=True)(make)()
