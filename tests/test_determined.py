@@ -299,6 +299,8 @@ def test_trial_context_returns_tf_datasets_resumed(monkeypatch: pytest.MonkeyPat
     assert isinstance(dataset, tf.data.Dataset)
     got = [int(e["i"]) for e in dataset.as_numpy_iterator()]
     assert got == shard_order(0, 1, N, drop=True, seed=5)[16:]
+    again = [int(e["i"]) for e in dataset.as_numpy_iterator()]
+    assert again == shard_order(0, 1, N, drop=True, seed=5, epoch=1)  # the next pass: the next epoch
 
 
 def test_trial_context_from_config_off_cluster(tmp_path: Path) -> None:
