@@ -85,6 +85,7 @@ def cluster_info(
     steps_completed: int = 0,
     trial_seed: int = 1234,
     hparams: dict[str, Any] | None = None,
+    task_type: str = "TRIAL",
 ) -> det.ClusterInfo:
     """The ClusterInfo of a trial container: the master's DET_* environment, read by Determined."""
     hparams = {"global_batch_size": 4} if hparams is None else hparams
@@ -96,7 +97,7 @@ def cluster_info(
         "DET_TASK_ID": "task",
         "DET_ALLOCATION_ID": "task.alloc",
         "DET_SESSION_TOKEN": "token",
-        "DET_TASK_TYPE": "TRIAL",
+        "DET_TASK_TYPE": task_type,
         "DET_LATEST_CHECKPOINT": "ckpt-uuid" if steps_completed else None,
         "DET_TRIAL_ID": "7",
         "DET_EXPERIMENT_ID": "3",
@@ -274,6 +275,14 @@ def test_core_info_argument_and_overrides(monkeypatch: pytest.MonkeyPatch, tmp_p
         assert explicit.offset == 8
 
 
+def test_core_context_of_a_task_that_is_not_a_trial(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    info = cluster_info(monkeypatch, {"data_layer": shared_fs(tmp_path)}, steps_completed=3, task_type="COMMAND")
+    with pytest.raises(ConfigError, match="no data_layer section"):  # a command has no experiment config
+        ydet.data_layer(core_context(info))
+    layer = ydet.data_layer(core_context(info), storage=shared_fs(tmp_path))
+    assert (layer.facts.seed, layer.offset) == (0, 0)
+
+
 def test_resume_without_a_batch_size_is_a_clear_error(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     info = cluster_info(monkeypatch, {"data_layer": shared_fs(tmp_path)}, steps_completed=5, hparams={"lr": 0.1})
     with pytest.raises(ConfigError) as raised:
@@ -301,6 +310,22 @@ def test_trial_context_returns_tf_datasets_resumed(monkeypatch: pytest.MonkeyPat
     assert got == shard_order(0, 1, N, drop=True, seed=5)[16:]
     again = [int(e["i"]) for e in dataset.as_numpy_iterator()]
     assert again == shard_order(0, 1, N, drop=True, seed=5, epoch=1)  # the next pass: the next epoch
+
+
+class KerasLikeContext(det.TrialContext):
+    """A TrialContext with TFKerasTrialContext's get_per_slot_batch_size (determined.keras needs Keras 2)."""
+
+    def get_per_slot_batch_size(self) -> int:
+        return 5
+
+
+def test_a_trial_contexts_own_per_slot_batch_size_wins(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    config = {"data_layer": shared_fs(tmp_path), "resources": {"slots_per_trial": 1}}
+    info = cluster_info(monkeypatch, config, steps_completed=3, hparams={"global_batch_size": 8})
+    plain = trial_context(info)
+    assert ydet.data_layer(plain).offset == 24  # global_batch_size 8 // 1 slot
+    keras_like = KerasLikeContext(plain._core, plain.env)
+    assert ydet.data_layer(keras_like).offset == 15  # 3 x get_per_slot_batch_size()
 
 
 def test_trial_context_from_config_off_cluster(tmp_path: Path) -> None:
@@ -536,7 +561,7 @@ def test_s3_section_publishes_to_the_bucket(
     keys = [o["Key"] for o in s3_server.client().list_objects_v2(Bucket=bucket)["Contents"]]
     assert "team/caches/digits/v1_train/manifest.json" in keys
     assert (home / "data" / "determined" / "yogadl_local_cache" / "digits" / "v1_train" / "manifest.json").exists()
-    assert s3_server.secret_key not in repr(layer) + caplog.text
+    assert s3_server.secret_key not in repr(layer) + repr(layer.facts) + caplog.text
 
 
 def test_gcs_section_publishes_to_the_bucket(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, gcs_server: Any) -> None:

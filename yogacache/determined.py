@@ -89,7 +89,7 @@ class TrialFacts:
     seed: int
     steps_completed: int
     per_slot_batch_size: Optional[int]
-    data_layer: Optional[Mapping[str, Any]]
+    data_layer: Optional[Mapping[str, Any]] = dataclasses.field(repr=False)  # may hold a secret_key
     returns: str = "tf"
 
     @property
