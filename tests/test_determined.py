@@ -131,7 +131,7 @@ def trial_context(info: det.ClusterInfo, distributed: core.DistributedContext | 
         master_url=info.master_url,
         master_cert_file=info.master_cert_file,
         master_cert_name=info.master_cert_name,
-        experiment_config=det.ExperimentConfig(info.trial._config),
+        experiment_config=info.trial._config,
         hparams=info.trial.hparams,
         latest_checkpoint=info.latest_checkpoint,
         steps_completed=info.trial._steps_completed,

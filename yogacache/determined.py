@@ -159,7 +159,8 @@ def _trial_context_facts(context: Any) -> TrialFacts:
     if hasattr(context, "get_per_slot_batch_size"):
         per_slot: Optional[int] = int(context.get_per_slot_batch_size())
     else:  # what TFKerasTrialContext computes, for a bare TrialContext
-        per_slot = _batch_size_from_hparams(env.hparams, config.slots_per_trial(), type(context).__name__)
+        slots = (config.get("resources") or {}).get("slots_per_trial") or context.distributed.size
+        per_slot = _batch_size_from_hparams(env.hparams, int(slots), type(context).__name__)
     return TrialFacts(
         rank=context.distributed.rank,
         num_shards=context.distributed.size,
