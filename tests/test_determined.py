@@ -291,6 +291,8 @@ def test_resume_without_a_batch_size_is_a_clear_error(monkeypatch: pytest.Monkey
     assert ydet.data_layer(core_context(info), per_slot_batch_size=2).offset == 10
     fresh = cluster_info(monkeypatch, {"data_layer": shared_fs(tmp_path)}, steps_completed=0, hparams={"lr": 0.1})
     assert ydet.data_layer(core_context(fresh)).offset == 0  # nothing to skip: no batch size needed
+    odd = cluster_info(monkeypatch, {"data_layer": shared_fs(tmp_path)}, hparams={"global_batch_size": "big"})
+    assert ydet.data_layer(core_context(odd)).offset == 0  # a Core API trial's own hparams, not needed
 
 
 # -- trial contexts -----------------------------------------------------------------------------

@@ -178,14 +178,17 @@ def _core_facts(context: Any, info: Optional[det.ClusterInfo]) -> TrialFacts:
     if info is None or info.task_type != "TRIAL":  # off-cluster, or not a trial
         return TrialFacts(distributed.rank, distributed.size, 0, 0, None, None)
     trial = info.trial
-    config = trial._config
+    try:
+        per_slot = _batch_size_from_hparams(trial.hparams, distributed.size, "Core API trial")
+    except det_errors.InvalidExperimentException:  # a Core API trial's hparams are its own business
+        per_slot = None  # needed only to resume, where its absence is a clear error
     return TrialFacts(
         rank=distributed.rank,
         num_shards=distributed.size,
         seed=int(trial.trial_seed),
         steps_completed=int(trial._steps_completed),
-        per_slot_batch_size=_batch_size_from_hparams(trial.hparams, distributed.size, "Core API trial"),
-        data_layer=_section(config),
+        per_slot_batch_size=per_slot,
+        data_layer=_section(trial._config),
     )
 
 
