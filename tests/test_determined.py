@@ -472,6 +472,18 @@ def test_each_decorator_once_per_trial(tmp_path: Path) -> None:
         ydet.data_layer(other_trial, storage=shared_fs(tmp_path)).cache_train_dataset("digits", "v1")
 
 
+def test_a_failed_decorator_call_does_not_count(tmp_path: Path) -> None:
+    with core.init() as context:
+        layer = ydet.data_layer(context, storage=shared_fs(tmp_path), returns="stream")
+        with pytest.raises(ValueError, match="dataset_id"):
+            layer.cache_train_dataset("../escape", "v1")
+        with pytest.raises(ValueError, match="returns must be one of"):
+            layer.cache_train_dataset("digits", "v1", returns="jax")
+        layer.cache_train_dataset("digits", "v1")  # the corrected call is the trial's one use
+        with pytest.raises(ydet.DecoratorReusedError):
+            layer.cache_train_dataset("digits", "v1")
+
+
 def test_a_decorated_function_may_be_called_again(tmp_path: Path) -> None:
     make = Maker()
     with core.init() as context:

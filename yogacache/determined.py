@@ -358,11 +358,13 @@ class DeterminedDataLayer:
         """
         validate_name(dataset_id, "dataset_id")
         validate_name(dataset_version, "dataset_version")
-        self._use("train", (dataset_id, dataset_version + TRAIN_SUFFIX, shuffle), allow_same=False)
-        return self.layer.cache_train_dataset(
+        decorator = self.layer.cache_train_dataset(
             dataset_id, dataset_version, shuffle, skip_shuffle_at_epoch_end,
             returns=returns or self.facts.returns, **options,
         )
+        # Counted once the arguments are known good: a call that failed may be corrected.
+        self._use("train", (dataset_id, dataset_version + TRAIN_SUFFIX, shuffle), allow_same=False)
+        return decorator
 
     def cache_validation_dataset(
         self, dataset_id: str, dataset_version: str, shuffle: bool = False, *, returns: Optional[str] = None
@@ -373,10 +375,11 @@ class DeterminedDataLayer:
         Determined allowed a trial to rebuild its validation data)."""
         validate_name(dataset_id, "dataset_id")
         validate_name(dataset_version, "dataset_version")
-        self._use("validation", (dataset_id, dataset_version + VALIDATION_SUFFIX, shuffle), allow_same=True)
-        return self.layer.cache_validation_dataset(
+        decorator = self.layer.cache_validation_dataset(
             dataset_id, dataset_version, shuffle, returns=returns or self.facts.returns
         )
+        self._use("validation", (dataset_id, dataset_version + VALIDATION_SUFFIX, shuffle), allow_same=True)
+        return decorator
 
 
 def data_layer(
