@@ -36,7 +36,7 @@ def part_name(index: int) -> str:
     return f"part-{index:05d}.mdb"
 
 
-# The content hashes a part may carry, strongest-known first. Builds since 0.3 write BLAKE3
+# The content hashes a part may carry, strongest-known first. Builds since 0.2 write BLAKE3
 # (about 2.4x SHA-256's speed here, also cryptographic); earlier caches carry SHA-256 and keep
 # verifying with it.
 PART_HASHES = ("blake3", "sha256")
@@ -46,7 +46,7 @@ BUILD_HASH = "blake3"
 @dataclass(frozen=True)
 class PartInfo:
     """One LMDB part file: which records it holds, its exact size and its content hash
-    (``blake3`` for caches built since 0.3, ``sha256`` before; at least one is set)."""
+    (``blake3`` for caches built since 0.2, ``sha256`` before; at least one is set)."""
 
     name: str
     first_record: int
@@ -70,7 +70,7 @@ class PartInfo:
 
     @property
     def hash_label(self) -> str:
-        """``digest`` as stamps and messages name it: bare hex for SHA-256 (as before 0.3), else
+        """``digest`` as stamps and messages name it: bare hex for SHA-256 (as before 0.2), else
         ``<algorithm>:<hex>``."""
         return self.digest if self.hash_name == "sha256" else f"{self.hash_name}:{self.digest}"
 
