@@ -43,7 +43,7 @@ from typing import IO, Any, Iterator, Mapping, Optional, Protocol, Sequence, Uni
 import numpy as np
 
 from yogacache import progress
-from yogacache.errors import UnsupportedDatasetError, YogaCacheError
+from yogacache.errors import ConfigError, UnsupportedDatasetError, YogaCacheError
 from yogacache.format.spec import STRING, Spec, TensorSpec
 from yogacache.progress import format_bytes
 from yogacache.read.reader import CacheReader
@@ -99,14 +99,20 @@ def parse_size(text: Union[str, int]) -> int:
     else:
         match = _SIZE.fullmatch(str(text))
         if match is None:
-            raise ValueError(
+            raise ConfigError(
                 f"size {text!r} is not understood: use bytes or a number with K, M, G, T (powers of 1000) "
                 "or Ki, Mi, Gi, Ti (powers of 1024), e.g. 512M or 1Gi"
             )
         value = int(float(match.group(1)) * _UNITS[(match.group(2) or "").lower()])
     if value <= 0:
-        raise ValueError(f"size {text!r} must be positive")
+        raise ConfigError(f"size {text!r} must be positive")
     return value
+
+
+def check_format(format: str) -> None:
+    """ConfigError unless ``format`` is one this module writes."""
+    if format not in FORMATS:
+        raise ConfigError(f"unknown export format {format!r}: the formats are {', '.join(FORMATS)}")
 
 
 # -- the mapping from records to samples ------------------------------------------------------
@@ -248,16 +254,17 @@ def sample_fields(
         seen[folded] = path
         fields.append(SampleField(index, path or "(element)", suffix, encoding))
     if extensions:
-        raise ValueError(f"extensions name fields the element does not have: {sorted(extensions)}")
+        raise ConfigError(f"extensions name fields the element does not have: {sorted(extensions)}")
     if not fields:
         raise UnsupportedDatasetError("the element holds only a __key__: a sample needs at least one other field")
     return key_leaf, fields
 
 
 @functools.lru_cache(maxsize=256)
-def _npy_header(descr: str, shape: tuple[int, ...]) -> bytes:
+def _npy_header(dtype: np.dtype[Any], shape: tuple[int, ...]) -> bytes:
     """The ``np.save`` header of a C-ordered array (the bytes ``np.save`` writes before the data)."""
     buffer = io.BytesIO()
+    descr = np.lib.format.dtype_to_descr(dtype)
     np.lib.format.write_array_header_1_0(buffer, {"descr": descr, "fortran_order": False, "shape": shape})
     return buffer.getvalue()
 
@@ -268,7 +275,7 @@ def _npy(value: Any) -> bytes:
         raise UnsupportedDatasetError("an object array cannot be written as .npy (it would need pickle)")
     if not array.flags.c_contiguous:
         array = array.copy(order="C")  # (np.ascontiguousarray would make a scalar 1-d)
-    return _npy_header(np.lib.format.dtype_to_descr(array.dtype), array.shape) + array.tobytes()
+    return _npy_header(array.dtype, array.shape) + array.tobytes()
 
 
 class SampleEncoder:
@@ -645,21 +652,20 @@ def export_reader(
         temp_dir: where shards bound for an object store are staged (default: the temp directory).
 
     Raises:
-        ValueError: an unknown format or a bad size.
+        ConfigError: an unknown format, a bad size or prefix, extensions for fields that do not exist.
         UnsupportedDatasetError: the element cannot be exported (before anything is written).
         DestinationNotEmptyError: the destination holds files and ``overwrite`` is false.
         ExportError: the export failed part-way; no index was written and the shards written
             so far were removed.
     """
-    if format not in FORMATS:
-        raise ValueError(f"unknown export format {format!r}: the formats are {', '.join(FORMATS)}")
+    check_format(format)
     limit = parse_size(shard_size)
     if shard_records is not None and shard_records <= 0:
-        raise ValueError(f"shard_records must be positive, got {shard_records}")
+        raise ConfigError(f"shard_records must be positive, got {shard_records}")
     manifest = reader.manifest
     name = prefix or f"{manifest.dataset_id}-{manifest.dataset_version}"
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.\-]*", name):
-        raise ValueError(f"shard prefix {name!r} must be letters, digits, '_', '.' or '-'")
+        raise ConfigError(f"shard prefix {name!r} must be letters, digits, '_', '.' or '-'")
     encoder = SampleEncoder(manifest.element_spec, manifest.num_records, extensions)
     target = (
         open_destination(destination, endpoint_url=endpoint_url, temp_dir=temp_dir)
