@@ -66,7 +66,7 @@ _INTEGER_TEXT = frozenset("cls cls2 class count index inx id".split())
 _KNOWN = _TEXT_LIKE | frozenset(
     (
         "npy npz json jsn jpg jpeg png ppm pgm pbm pnm gif bmp tif tiff webp img image "
-        "flac mp3 wav ogg opus m4a mp4 avi webm mkv html htm xml csv bin raw ten tb mp msg msgpack cbor"
+        "flac mp3 wav ogg opus m4a mp4 avi webm mkv html htm xml csv bin ten tb mp msg msgpack cbor"
     ).split()
 )
 _UNPICKLED = frozenset("pyd pkl pickle pth".split())  # webdataset's decoders unpickle these
@@ -692,8 +692,8 @@ def export_reader(
             if not isinstance(error, Exception):
                 raise  # Ctrl-C, SIGTERM: the caller says what was stopped
             raise ExportError(
-                f"export of {what} to {target.url()} failed after {len(written)} shard(s): {_describe(error)}; "
-                "no index was written and the shards written were removed"
+                f"export of {what} to {target.url()} failed: {_describe(error)}; no index was written "
+                f"and the {len(written)} shard(s) written were removed"
             ) from error
         stale = _shard_pattern(name)
         current = {shard.name for shard in shards}
