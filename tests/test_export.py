@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import io
 import json
+import shutil
 import subprocess
 import sys
+import tarfile
+import textwrap
 from pathlib import Path
 from typing import Any, Optional
 
@@ -182,10 +185,7 @@ def test_webdataset_style_records_keep_their_keys_and_names(tmp_path: Path) -> N
     assert read_webdataset(tmp_path / "out") == [
         {"__key__": r["__key__"], "jpg": r["jpg"], "cls": str(r["cls"]).encode(), "json": r["json"]} for r in records
     ]
-    names = [(tmp_path / "out" / "ds-v1-000000.tar")]
-    import tarfile
-
-    with tarfile.open(names[0]) as tar:
+    with tarfile.open(tmp_path / "out" / "ds-v1-000000.tar") as tar:
         assert tar.getnames()[:3] == ["img_000.cls", "img_000.jpg", "img_000.json"]
 
 
@@ -324,6 +324,7 @@ def test_cli_export_to_a_directory_and_its_errors(tmp_path: Path) -> None:
     done = run_cli("export", "ds", "v1", "--to", str(out), "--storage", storage, "--shard-size", "4Ki")
     assert done.returncode == 0, done.stderr
     assert "exported ds v1: 50 records in" in done.stdout and INDEX_NAME in done.stdout
+    assert "exporting ds v1: 50 records" in done.stderr  # the progress display's last line
     assert [s["label.cls"] for s in read_webdataset(out)] == [str(i).encode() for i in range(50)]
 
     again = run_cli("export", "ds", "v1", "--to", str(out), "--storage", storage)
@@ -395,3 +396,46 @@ def test_a_500_mid_export_leaves_no_index_and_no_shards(s3_server: Any, tmp_path
                 export_reader(reader, ObjectDestination(backend), shard_size="8Ki", show_progress=False)
         assert proxy.requests(method="PUT", path_contains="ds-v1-000001.tar")  # shards went up before it
     assert cloud.raw_keys(bucket) == []  # no index, and the shards written were removed
+
+
+# Runs in a private mount namespace with a 1 MiB tmpfs as the destination: the disk fills up.
+FULL_DISK_CHILD = textwrap.dedent(
+    """
+    import json, os, sys
+    from yogacache.export import ExportError, export_cache
+    from yogacache.store.local import CacheStore
+
+    caches, out = sys.argv[1], sys.argv[2]
+    try:
+        export_cache("ds", "v1", out, store=CacheStore(caches), shard_size="256Ki", show_progress=False)
+        report = {"ok": True}
+    except ExportError as error:
+        report = {"ok": False, "message": str(error)}
+    report["left"] = sorted(os.listdir(out)) if os.path.isdir(out) else []
+    print(json.dumps(report))
+    """
+)
+
+
+def test_a_full_disk_mid_export_leaves_no_index_and_no_shards(tmp_path: Path) -> None:
+    build(tmp_path, [{"x": np.full(20_000, i, np.uint8)} for i in range(150)])  # 3 MB of records
+    mount_point = tmp_path / "small-disk"
+    mount_point.mkdir()
+    unshare = shutil.which("unshare")
+    assert unshare, "unshare(1) is needed to mount a private tmpfs"
+    command = (
+        f"mount -t tmpfs -o size=1m,mode=0755 yogacache-test {mount_point} && "
+        f"{sys.executable} -c '{FULL_DISK_CHILD}' {tmp_path / 'caches'} {mount_point / 'out'}"
+    )
+    proc = subprocess.run(
+        [unshare, "-m", "--propagation", "private", "sh", "-c", command],
+        capture_output=True,
+        text=True,
+        env=python_env(),
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert report["ok"] is False
+    assert "No space left on device" in report["message"] and "no index was written" in report["message"]
+    assert report["left"] == []  # no index, no shard, no temporary file
