@@ -31,6 +31,7 @@ from yogacache.export import (
     DestinationNotEmptyError,
     ExportError,
     ObjectDestination,
+    UstarHeaders,
     export_cache,
     export_reader,
     parse_size,
@@ -250,13 +251,29 @@ def test_shard_size_and_record_limits(tmp_path: Path) -> None:
 def test_two_exports_are_byte_identical(tmp_path: Path) -> None:
     store = build(tmp_path, rich_data(30))
     with open_reader(store) as reader:
-        export_reader(reader, tmp_path / "a", shard_size="10Ki", show_progress=False)
+        export_reader(reader, tmp_path / "a", shard_size="10Ki", md5=True, show_progress=False)
     with open_reader(store) as reader:
-        export_reader(reader, tmp_path / "b", shard_size="10Ki", show_progress=False)
+        export_reader(reader, tmp_path / "b", shard_size="10Ki", md5=True, show_progress=False)
     names = sorted(p.name for p in (tmp_path / "a").iterdir())
     assert len(names) > 2 and names == sorted(p.name for p in (tmp_path / "b").iterdir())
     for name in names:
         assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes(), name
+    for shard in json.loads((tmp_path / "a" / INDEX_NAME).read_text())["shardlist"]:
+        assert shard["md5sum"] == wids.wids.compute_file_md5sum(str(tmp_path / "a" / shard["url"]))
+    # Every member header is what tarfile itself writes for it (fixed mode, owner and mtime).
+    with tarfile.open(tmp_path / "a" / names[0]) as tar:
+        members = tar.getmembers()
+    assert {(m.mode, m.uid, m.gid, m.uname, m.gname) for m in members} == {(0o444, 0, 0, "", "")}
+    assert len({m.mtime for m in members}) == 1
+
+
+def test_headers_are_the_ones_tarfile_writes() -> None:
+    headers = UstarHeaders(1_763_900_000)
+    for name in ("a.npy", "000000001.image.npy", "x" * 100, "ünïcode.txt"):
+        for size in (0, 1, 511, 512, 10**9, 8**11 - 1):
+            info = tarfile.TarInfo(name)
+            info.size, info.mtime, info.mode, info.uname, info.gname = size, 1_763_900_000, 0o444, "", ""
+            assert headers.header(name.encode(), size) == info.tobuf(tarfile.USTAR_FORMAT, "utf-8", "strict")
 
 
 # -- errors ------------------------------------------------------------------------------------------

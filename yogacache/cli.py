@@ -448,6 +448,7 @@ def cmd_export(store: Store, args: argparse.Namespace) -> int:
             prefix=args.prefix,
             overwrite=args.overwrite,
             extensions=extensions,
+            md5=args.md5,
             endpoint_url=args.endpoint_url,
         )
     print(
@@ -650,6 +651,7 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--shard-records", type=int, metavar="N", help="most samples per shard (default: no limit)")
     export.add_argument("--prefix", help="shard names <prefix>-000000.tar, ... (default <id>-<version>)")
     export.add_argument("--overwrite", action="store_true", help="replace an export at a destination that is not empty")
+    export.add_argument("--md5", action="store_true", help="record each shard's MD5 in the index (md5sum)")
     export.add_argument(
         "--ext", action="append", metavar="FIELD=EXT", help="append EXT to FIELD, not its default suffix (repeatable)"
     )
