@@ -276,6 +276,21 @@ def test_headers_are_the_ones_tarfile_writes() -> None:
             assert headers.header(name.encode(), size) == info.tobuf(tarfile.USTAR_FORMAT, "utf-8", "strict")
 
 
+def test_an_empty_cache_exports_one_empty_shard(tmp_path: Path) -> None:
+    from yogacache.format.spec import TensorSpec
+    from yogacache.format.writer import CacheWriter
+
+    target = tmp_path / "caches" / "empty" / "v1"
+    with CacheWriter(target, "empty", "v1") as writer:
+        writer.seal({"x": TensorSpec("float32", (3,)), "y": TensorSpec("int64", ())})
+    with CacheReader(target) as reader:
+        result = export_reader(reader, tmp_path / "out", show_progress=False)
+    assert [(s.name, s.num_samples) for s in result.shards] == [("empty-v1-000000.tar", 0)]
+    assert list(wds.WebDataset(shard_paths(tmp_path / "out"), shardshuffle=False, empty_check=False)) == []
+    with tarfile.open(tmp_path / "out" / "empty-v1-000000.tar") as tar:
+        assert tar.getmembers() == []
+
+
 # -- errors ------------------------------------------------------------------------------------------
 def test_non_empty_destination_is_refused_and_overwrite_replaces_only_the_export(tmp_path: Path) -> None:
     store = build(tmp_path, [{"x": np.full(2000, i, np.uint8)} for i in range(20)])

@@ -793,14 +793,22 @@ def _write_shards(
     def samples() -> Iterator[list[tuple[str, bytes]]]:
         nonlocal index
         decode = reader.codec.decode
+        fixed = reader.codec.layout is not None  # fixed-shape numbers: read whole columns
         for start in range(0, total, batch):
-            for value in reader.read_values(np.arange(start, min(start + batch, total))):
+            indices = np.arange(start, min(start + batch, total))
+            if fixed:
+                columns = reader.read_columns(indices)
+                for row in range(len(indices)):
+                    yield encoder.encode(index, [column[row] for column in columns])[1]
+                    index += 1
+                continue
+            for value in reader.read_values(indices):
                 yield encoder.encode(index, decode(value))[1]
                 index += 1
 
     stream = samples()
     pending_sample = next(stream, None)
-    while pending_sample is not None:
+    while pending_sample is not None or not shards:  # an empty cache: one empty shard
         shard_name = f"{name}-{len(shards):06d}.tar"
         with target.new_shard(shard_name) as handle:
             tar = ShardTarWriter(handle, headers, md5)
