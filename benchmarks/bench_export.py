@@ -2,8 +2,8 @@
 
 Three measurements per workload, all in this process, each the best of ``--reps`` passes:
 
-* **read**: every record of the cache read and decoded in index order (the reads the export makes),
-  the export's upper bound;
+* **read**: every record of the cache read and decoded in index order, as the export reads them
+  (whole columns for fixed-shape caches), the export's upper bound;
 * **yogacache export**: ``export_reader`` to a local directory (shards synced and renamed, the
   index last);
 * **webdataset ShardWriter**: the same records read and decoded from the cache, handed to
@@ -61,11 +61,18 @@ WORKLOADS: dict[str, tuple[Callable[[int], Iterator[dict[str, Any]]], int]] = {
 
 
 def read_all(reader: CacheReader) -> int:
+    """Reads and decodes every record as the export does (whole columns for fixed-shape caches)."""
     decode = reader.codec.decode
+    fixed = reader.codec.layout is not None
     total = len(reader)
     count = 0
     for start in range(0, total, 1024):
-        for value in reader.read_values(np.arange(start, min(start + 1024, total))):
+        indices = np.arange(start, min(start + 1024, total))
+        if fixed:
+            columns = reader.read_columns(indices)
+            count += sum(1 for row in range(len(indices)) if [column[row] for column in columns])
+            continue
+        for value in reader.read_values(indices):
             decode(value)
             count += 1
     return count

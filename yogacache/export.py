@@ -59,6 +59,7 @@ _RECORD = tarfile.RECORDSIZE
 _END_OF_ARCHIVE = 2 * _BLOCK
 _NAME_LIMIT = 100  # ustar's name field; `wids` reads no longer names (no pax, no prefix field)
 _MAX_MEMBER_BYTES = 8**11 - 1  # the ustar size field
+_WRITE_BUFFER = 4 << 20  # samples are small writes: gather them into large ones
 
 # Suffixes webdataset and common loaders recognise: a field so named is written under its name.
 _TEXT_LIKE = frozenset("cls cls2 class count index inx id txt text transcript".split())
@@ -472,7 +473,7 @@ class DirectoryDestination:
     def new_shard(self, name: str) -> Iterator[IO[bytes]]:
         temp = self._temp(name)
         try:
-            with open(temp, "xb") as handle:
+            with open(temp, "xb", buffering=_WRITE_BUFFER) as handle:
                 yield handle
                 handle.flush()
                 os.fsync(handle.fileno())
@@ -544,7 +545,7 @@ class ObjectDestination:
     def new_shard(self, name: str) -> Iterator[IO[bytes]]:
         path = Path(self._temp.name) / name
         try:
-            with open(path, "xb") as handle:
+            with open(path, "xb", buffering=_WRITE_BUFFER) as handle:
                 yield handle
         except BaseException:
             path.unlink(missing_ok=True)
