@@ -11,6 +11,7 @@ from __future__ import annotations
 import io
 import json
 import shutil
+import signal
 import subprocess
 import sys
 import tarfile
@@ -471,3 +472,28 @@ def test_a_full_disk_mid_export_leaves_no_index_and_no_shards(tmp_path: Path) ->
     assert report["ok"] is False
     assert "No space left on device" in report["message"] and "no index was written" in report["message"]
     assert report["left"] == []  # no index, no shard, no temporary file
+
+
+@pytest.mark.parametrize(
+    "signum, status, word", [(signal.SIGINT, 130, "interrupted"), (signal.SIGTERM, 143, "terminated")]
+)
+def test_a_signal_mid_export_stops_with_one_line_and_leaves_nothing(
+    s3_server: Any, tmp_path: Path, signum: int, status: int, word: str
+) -> None:
+    from tests.test_cli_signals import assert_one_line, start_cli, stop_with, wait_until
+
+    build(tmp_path, [{"x": np.full(3000, i, np.uint8)} for i in range(20)])
+    cloud = Cloud("s3", s3_server)
+    bucket = cloud.new_bucket()
+    with FaultProxy(s3_server.endpoint_url) as proxy:
+        slow = proxy.add_rule(action="delay", method="PUT", path_contains="ds-v1-000002.tar", seconds=2.0)
+        process = start_cli(
+            "export", "ds", "v1", "--to", f"s3://{bucket}/wds", "--storage", str(tmp_path / "caches"),
+            "--endpoint-url", proxy.url, "--shard-size", "8Ki",
+        )  # fmt: skip
+        wait_until(lambda: slow.hits >= 1, process)  # two shards are up, the third under way
+        code, out, err = stop_with(process, signum)
+    assert code == status, out + err
+    assert_one_line(err, word)
+    assert "export stopped, no index was written" in err
+    assert cloud.raw_keys(bucket) == []  # the shards it had written were removed

@@ -34,6 +34,7 @@ import os
 import re
 import tarfile
 import tempfile
+import threading
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -43,6 +44,7 @@ from typing import IO, Any, Iterator, Mapping, Optional, Protocol, Sequence, Uni
 import numpy as np
 
 from yogacache import progress
+from yogacache.backends.base import TransferCancelled
 from yogacache.errors import ConfigError, UnsupportedDatasetError, YogaCacheError
 from yogacache.format.spec import STRING, Spec, TensorSpec
 from yogacache.progress import format_bytes
@@ -442,6 +444,10 @@ class Destination(Protocol):
         """Returns once every shard handed over is in place."""
         ...
 
+    def cancel(self) -> None:
+        """Stops an upload under way at its next chunk (the export failed or was interrupted)."""
+        ...
+
     def write_index(self, name: str, data: bytes, replace: bool) -> None: ...
 
     def remove(self, name: str) -> None: ...
@@ -482,6 +488,9 @@ class DirectoryDestination:
             temp.unlink(missing_ok=True)
 
     def wait(self) -> None:
+        pass
+
+    def cancel(self) -> None:
         pass
 
     def write_index(self, name: str, data: bytes, replace: bool) -> None:
@@ -528,6 +537,7 @@ class ObjectDestination:
         self._temp = tempfile.TemporaryDirectory(prefix="yogacache-export-", dir=temp_dir)
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="yogacache-export")
         self._upload: Optional[concurrent.futures.Future[None]] = None
+        self._cancelled = threading.Event()
 
     def url(self, name: str = "") -> str:
         return str(self.backend.url(name))
@@ -537,9 +547,16 @@ class ObjectDestination:
 
     def _upload_and_remove(self, path: Path, name: str) -> None:
         try:
-            self.backend.upload_file(path, name)
+            self.backend.upload_file(path, name, self._check_cancelled)
         finally:
             path.unlink(missing_ok=True)
+
+    def _check_cancelled(self, count: int) -> None:
+        if self._cancelled.is_set():
+            raise TransferCancelled(f"upload of {self.url()} cancelled")
+
+    def cancel(self) -> None:
+        self._cancelled.set()
 
     @contextlib.contextmanager
     def new_shard(self, name: str) -> Iterator[IO[bytes]]:
@@ -554,9 +571,10 @@ class ObjectDestination:
         self._upload = self._pool.submit(self._upload_and_remove, path, name)
 
     def wait(self) -> None:
-        upload, self._upload = self._upload, None
+        upload = self._upload
         if upload is not None:
-            upload.result()
+            upload.result()  # interrupted (Ctrl-C), it stays pending: the clean-up waits for it again
+            self._upload = None
 
     def write_index(self, name: str, data: bytes, replace: bool) -> None:
         if self.backend.write(name, data, if_absent=not replace) is None:
@@ -722,6 +740,7 @@ def export_reader(
             )
             target.write_index(INDEX_NAME, _index_bytes(reader, name, shards, encoder.fields), replace=overwrite)
         except BaseException as error:
+            target.cancel()
             _discard(target, written)
             if not isinstance(error, Exception):
                 raise  # Ctrl-C, SIGTERM: the caller says what was stopped
