@@ -15,6 +15,7 @@ import shutil
 import signal
 import sys
 import threading
+import warnings
 from pathlib import Path
 from types import FrameType
 from typing import Any, Callable, Optional, Sequence
@@ -662,6 +663,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(message)s")
+    if not args.verbose:
+        # The cloud libraries' notices about this Python's support window are not the
+        # command's output (google.api_core warns on every import within a year of an EOL).
+        warnings.filterwarnings("ignore", category=FutureWarning, module=r"google\.")
     # Progress: a live line on a terminal, log lines otherwise (CI, pipes).
     logging.getLogger("yogacache.progress").setLevel(logging.INFO)
     previous: dict[int, Any] = {}
