@@ -73,7 +73,9 @@ DEFAULT_PARTS_WINDOW = 4
 # Positions at and above this one are positions of the rest of a resumed epoch dealt out anew
 # (see PartsMode): ``RESIDUAL + dealt``. Below it, records this rank read of its run.
 RESIDUAL = 1 << 62
-_CACHED_PERMUTATIONS = 256
+_CACHED_PERMUTATIONS = 128
+# Stages up to this size keep their permutation as a table (32 KiB): one evaluation each.
+_TABLE_SIZE = 1 << 12
 
 
 # -- the cache's parts ---------------------------------------------------------------------------
@@ -174,6 +176,39 @@ def _derived_seed(seed: int, *labels: object) -> int:
     return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little")
 
 
+class _Table:
+    """A permutation evaluated once, for a small domain: ``map`` looks it up."""
+
+    def __init__(self, permutation: KeyedPermutation) -> None:
+        self.table = permutation.map(np.arange(len(permutation), dtype=np.int64))
+
+    def map(self, positions: np.ndarray) -> np.ndarray:
+        return self.table[positions]
+
+
+class _Affine:
+    """``o ↦ (a·o + b) mod size``, keyed by ``seed``: which records of a segment go to which
+    slice (the stage permutation then orders them). ``a`` is coprime to ``size`` (a bijection)
+    and near ``0.618·size``, where consecutive ``o`` land furthest apart (the three-gap
+    theorem), so each slice is spread over the whole part; a random offset of up to
+    ``size / 8`` and ``b`` change with the seed."""
+
+    #: The largest segment it serves (``a·o`` stays below 2**62).
+    LIMIT = 1 << 31
+
+    def __init__(self, size: int, seed: int) -> None:
+        self.size = size
+        jitter, b = divmod(seed, max(1, size))
+        spread = max(1, size // 4)
+        a = max(1, int(size * 0.6180339887) + jitter % spread - spread // 2)
+        while math.gcd(a, size) != 1:
+            a += 1
+        self.a, self.b = a, b
+
+    def map(self, positions: np.ndarray) -> np.ndarray:
+        return (positions * self.a + self.b) % self.size
+
+
 def _slice_bounds(lengths: np.ndarray, slices: np.ndarray | int, window: int) -> tuple[np.ndarray, np.ndarray]:
     """(start, length) of slice ``slices`` of segments of ``lengths`` records cut in ``window``."""
     start = (slices * lengths) // window
@@ -235,12 +270,12 @@ class _Run:
             sizes[piece : piece + segments] += _slice_bounds(self.lengths, piece, window)[1]
         self.stage_starts = np.zeros(len(sizes) + 1, dtype=np.int64)
         np.cumsum(sizes, out=self.stage_starts[1:])
-        self._permutations: dict[tuple[str, int], KeyedPermutation] = {}
+        self._permutations: dict[tuple[str, int], KeyedPermutation | _Table | _Affine] = {}
 
     def __len__(self) -> int:
         return self.end - self.begin
 
-    def _permutation(self, kind: str, number: int, size: int) -> KeyedPermutation:
+    def _permutation(self, kind: str, number: int, size: int) -> KeyedPermutation | _Table | _Affine:
         key = (kind, number)
         permutation = self._permutations.get(key)
         if permutation is None:
@@ -250,9 +285,16 @@ class _Run:
             assert epoch.seed is not None  # only shuffled runs permute
             if kind == "stage":
                 seed = _derived_seed(epoch.seed, "stage", self.begin, self.end, number)
+                keyed = KeyedPermutation(size, seed, epoch.key_epoch)
+                permutation = _Table(keyed) if size <= _TABLE_SIZE else keyed
             else:  # a segment: one part, cut at the same place, is split the same way
-                seed = _derived_seed(epoch.seed, "part", int(self.parts[number]), int(self.offsets[number]), size)
-            permutation = self._permutations[key] = KeyedPermutation(size, seed, epoch.key_epoch)
+                part, offset = int(self.parts[number]), int(self.offsets[number])
+                seed = _derived_seed(epoch.seed, "part", part, offset, size)
+                if size <= _Affine.LIMIT:
+                    permutation = _Affine(size, _derived_seed(seed, epoch.key_epoch))
+                else:
+                    permutation = KeyedPermutation(size, seed, epoch.key_epoch)
+            self._permutations[key] = permutation
         return permutation
 
     def records(self, positions: np.ndarray) -> np.ndarray:
