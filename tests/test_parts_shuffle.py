@@ -103,7 +103,7 @@ def most_at_once(layout: PartLayout, records: list[int]) -> int:
 # -- one epoch ----------------------------------------------------------------------------------
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=80, deadline=None)
 @given(layout=LAYOUTS, split=SPLITS, seed=SEEDS, epoch=st.integers(0, 1000), drop=st.booleans(), window=st.integers(1, 4))
 def test_ranks_read_every_record_once_per_epoch(
     layout: PartLayout, split: tuple[int, int], seed: int, epoch: int, drop: bool, window: int
@@ -119,7 +119,7 @@ def test_ranks_read_every_record_once_per_epoch(
     assert [len(got) for got in reads] == [n // shards if drop else -(-(n - r) // shards) for r in range(shards)]
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=60, deadline=None)
 @given(layout=LAYOUTS, split=SPLITS, seed=SEEDS, window=st.integers(1, 4))
 def test_a_node_reads_one_run_of_parts_and_few_at_a_time(
     layout: PartLayout, split: tuple[int, int], seed: int, window: int
@@ -191,7 +191,7 @@ def test_unshuffled_parts_mode_reads_contiguous_runs_in_dataset_order() -> None:
 # -- elastic exact resume -----------------------------------------------------------------------
 
 
-@settings(max_examples=250, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(
     layout=LAYOUTS,
     before=SPLITS,
@@ -228,7 +228,9 @@ def test_stop_with_one_split_resume_with_another(
     done = [i for got in read_before for i in got]
     rest = [i for got in read_after for i in got]
     assert len(rest) == len(set(rest)) and not set(rest) & set(done)  # nothing twice
-    if not drop:
+    if new[0].start[0] != epoch:
+        assert not rest and k == len(old[0])  # rank 0 read its whole epoch: the state is the next one's
+    elif not drop:
         assert sorted(done + rest) == list(range(n))  # every remaining record exactly once
     elif before == after:
         assert len(rest) == sum(len(s) - k for s in old)
@@ -243,7 +245,7 @@ def test_stop_with_one_split_resume_with_another(
             assert read_from(s, (e, 0)) == read_from(fresh, (e, 0))
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=50, deadline=None)
 @given(layout=LAYOUTS, world=st.lists(SPLITS, min_size=2, max_size=5), seed=SEEDS, data=st.data())
 def test_many_elastic_restarts_within_one_epoch_read_it_exactly_once(
     layout: PartLayout, world: list[tuple[int, int]], seed: int, data: st.DataObject
@@ -266,7 +268,7 @@ def test_many_elastic_restarts_within_one_epoch_read_it_exactly_once(
     assert sorted(seen) == list(range(layout.num_records))
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=40, deadline=None)
 @given(
     layout=LAYOUTS,
     split=SPLITS,
@@ -398,7 +400,7 @@ def test_epoch_setup_for_100k_parts_is_linear_in_parts_not_records(monkeypatch: 
 # -- parts_needed -------------------------------------------------------------------------------
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=60, deadline=None)
 @given(layout=LAYOUTS, split=SPLITS, seed=SEEDS, window=st.integers(1, 4), data=st.data())
 def test_parts_needed_covers_what_the_plan_reads(
     layout: PartLayout, split: tuple[int, int], seed: int, window: int, data: st.DataObject
