@@ -104,7 +104,9 @@ class PartLayout:
             object.__setattr__(self, name, value)
 
     @classmethod
-    def from_counts(cls, records: Sequence[int] | np.ndarray, sizes: Optional[Sequence[int] | np.ndarray] = None) -> PartLayout:
+    def from_counts(
+        cls, records: Sequence[int] | np.ndarray, sizes: Optional[Sequence[int] | np.ndarray] = None
+    ) -> PartLayout:
         """Parts of ``records`` records each (in record order), of ``sizes`` bytes if known."""
         records = np.asarray(records, dtype=np.int64)
         return cls(records, np.zeros_like(records) if sizes is None else np.asarray(sizes, dtype=np.int64))
@@ -462,7 +464,7 @@ class PartsPlan:
 class PartsMode(ShuffleMode):
     """Each epoch the parts permuted, cut into one run per node, mixed ``parts_window`` at a time."""
 
-    name = "parts"
+    name: ClassVar[str] = "parts"
     state_keys: ClassVar[tuple[str, ...]] = ("num_shards", "ranks_per_node", "window", "dealt")
 
     def __init__(self, num_records: int, options: ReadOptions, layout: Optional[PartLayout] = None) -> None:
@@ -475,7 +477,7 @@ class PartsMode(ShuffleMode):
             )
         if layout.num_records != num_records:
             raise ValueError(f"the part layout holds {layout.num_records} records, the dataset {num_records}")
-        self.layout = layout
+        self.layout = self.parts = layout
         self.window = parts_window(options)
         self.split = _Split(num_records, options.num_shards, ranks_per_node(options))
         self._residual: Optional[_Residual] = None
@@ -511,7 +513,7 @@ class PartsMode(ShuffleMode):
             seed = options.shuffle_seed if options.shuffle else None
             while len(self._epochs) >= 2:
                 del self._epochs[min(self._epochs)]
-            parts = self._epochs[key_epoch] = _EpochParts(self.layout, self.window, seed, key_epoch)
+            parts = self._epochs[key_epoch] = _EpochParts(self.parts, self.window, seed, key_epoch)
         return parts
 
     def _dealt_end(self, residual: _Residual, dealt: int) -> int:
