@@ -554,12 +554,14 @@ def test_parts_mode_reaches_torch_tf_and_the_datalayer(ref: CacheDataRef, tmp_pa
 
     from yogacache import DataLayer
     from yogacache.tensorflow import make_tf_dataset
-    from yogacache.torch import CacheIterableDataset
+    from yogacache.torch import CacheDataLoader, CacheIterableDataset
 
     args = {"shuffle": True, "shuffle_seed": 8, "shard_rank": 1, "num_shards": 2, "shuffle_mode": "parts"}
     expected = ids(ref.stream(**args))
     dataset = CacheIterableDataset(ref, output="numpy", **args)
     assert [int(e["i"]) for e in dataset] == expected
+    loader = CacheDataLoader(dataset, batch_size=8, num_workers=2, multiprocessing_context="fork")
+    assert [int(i) for batch in loader for i in batch["i"]] == expected
     assert dataset.state_dict(3)["mode"] == "parts"
     tf_ids = [int(e["i"]) for e in make_tf_dataset(ref.stream(**args)).as_numpy_iterator()]
     assert tf_ids == expected

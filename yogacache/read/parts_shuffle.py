@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import threading
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, Optional, Sequence
 
@@ -481,11 +482,23 @@ class PartsMode(ShuffleMode):
         self.window = parts_window(options)
         self.split = _Split(num_records, options.num_shards, ranks_per_node(options))
         self._residual: Optional[_Residual] = None
-        self._epochs: dict[int, _EpochParts] = {}
+        self._epochs: dict[int, _EpochParts] = {}  # the latest two epochs' part orders
+        self._lock = threading.Lock()  # plans of neighbouring epochs may be made in threads
 
     @classmethod
     def with_layout(cls, num_records: int, options: ReadOptions, layout: Optional[PartLayout] = None) -> ShuffleMode:
         return cls(num_records, options, layout)
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Sent to a spawned DataLoader worker: the orders are recomputed there, the lock new.
+        state = dict(self.__dict__)
+        state["_epochs"] = {}
+        del state["_lock"]
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
 
     @classmethod
     def check(cls, options: ReadOptions) -> None:
@@ -508,12 +521,13 @@ class PartsMode(ShuffleMode):
     def _epoch(self, epoch: int) -> _EpochParts:
         options = self.options
         key_epoch = epoch if options.reshuffle_each_epoch else 0
-        parts = self._epochs.get(key_epoch)
-        if parts is None:
-            seed = options.shuffle_seed if options.shuffle else None
-            while len(self._epochs) >= 2:
-                del self._epochs[min(self._epochs)]
-            parts = self._epochs[key_epoch] = _EpochParts(self.parts, self.window, seed, key_epoch)
+        with self._lock:
+            parts = self._epochs.get(key_epoch)
+            if parts is None:
+                seed = options.shuffle_seed if options.shuffle else None
+                while len(self._epochs) >= 2:
+                    del self._epochs[min(self._epochs)]
+                parts = self._epochs[key_epoch] = _EpochParts(self.parts, self.window, seed, key_epoch)
         return parts
 
     def _dealt_end(self, residual: _Residual, dealt: int) -> int:
