@@ -434,7 +434,8 @@ def test_parts_needed_is_exact_for_large_parts_and_every_mode() -> None:
     s = schedule(layout, 1, (2, 1), seed=9, window=3)
     records = read_from(s, (1, 0))
     actual = uses(layout, records)
-    needed = s.order.parts_needed(1)
+    needed = s.parts_needed(1)
+    assert needed == s.order.parts_needed(1, 0)
     assert [u.part for u in needed] == list(actual)  # the order of first use
     assert len(needed) == 6
     # From a later point only what is left, and only parts the rest reads.

@@ -19,7 +19,7 @@ from yogacache.read.shuffle import ArrayPlan, EpochPlan, GlobalPlan, ShuffleMode
 
 if TYPE_CHECKING:
     from yogacache.read.options import ReadOptions
-    from yogacache.read.parts_shuffle import PartLayout
+    from yogacache.read.parts_shuffle import PartLayout, PartUse
 
 __all__ = ["ArrayPlan", "EpochPlan", "GlobalPlan", "ReadSchedule", "ResumeState", "STATE_VERSION"]
 
@@ -170,6 +170,11 @@ class ReadSchedule:
     def plan(self, epoch: int, position: int = 0) -> EpochPlan:
         """What this rank reads of ``epoch`` from ``position`` (see ``start``) on."""
         return self.order.plan(epoch, position)
+
+    def parts_needed(self, epoch: int, position: int = 0) -> list[PartUse]:
+        """The parts this rank reads of ``epoch`` from ``position`` on, in order of first use
+        (``ShuffleMode.parts_needed``): what a streaming reader fetches ahead and evicts last."""
+        return self.order.parts_needed(epoch, position)
 
     # -- resume points --------------------------------------------------------------------
     def advance(self, point: tuple[int, int], records: int) -> tuple[int, int]:
