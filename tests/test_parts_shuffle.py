@@ -27,6 +27,7 @@ from yogacache.read.parts_shuffle import (
     DEFAULT_PARTS_WINDOW,
     PartLayout,
     PartUse,
+    most_at_once as most_needed_at_once,
     random_read_refetch,
     shuffle_budget_warning,
 )
@@ -454,6 +455,17 @@ def test_parts_needed_is_exact_for_large_parts_and_every_mode() -> None:
         ]
     with pytest.raises(ValueError, match="needs the cache's part layout"):
         ReadSchedule(10, ReadOptions()).order.parts_needed(0)
+
+
+def test_most_at_once_is_what_a_reader_must_hold() -> None:
+    layout = PartLayout.from_counts([150] * 12, [1000 + i for i in range(12)])
+    s = schedule(layout, 0, (1, 1), seed=9, window=3)
+    assert most_needed_at_once(s.parts_needed(0), layout)[0] == 3 == most_at_once(layout, read_from(s, (0, 0)))
+    held = most_needed_at_once(s.parts_needed(0), layout)[1]
+    assert 3 * 1000 < held <= 1009 + 1010 + 1011
+    glob = ReadSchedule(layout.num_records, ReadOptions(shuffle=True, shuffle_seed=1, shuffle_mode="global"), layout)
+    assert most_needed_at_once(glob.parts_needed(0), layout) == (12, layout.num_bytes)
+    assert most_needed_at_once([], layout) == (0, 0)
 
 
 # -- the budget warning of random-read modes ----------------------------------------------------

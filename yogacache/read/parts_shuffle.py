@@ -64,6 +64,7 @@ __all__ = [
     "PartsMode",
     "PartsPlan",
     "RandomReadRefetch",
+    "most_at_once",
     "parts_read_in_order",
     "random_read_refetch",
     "shuffle_budget_warning",
@@ -168,6 +169,24 @@ def parts_read_in_order(plan: EpochPlan, layout: PartLayout, chunk: int = 1 << 1
     used = np.flatnonzero(first != unused)
     used = used[np.argsort(first[used], kind="stable")]
     return [PartUse(int(p), int(first[p]), int(last[p])) for p in used]
+
+
+def most_at_once(uses: Sequence[PartUse], layout: PartLayout) -> tuple[int, int]:
+    """(parts, bytes): the most parts, and the most bytes of parts, that ``uses`` (a
+    ``parts_needed`` answer) needs at once, counting a part from its first read to its last.
+    What a node must hold for one reader; less than that makes it fetch parts it still needs."""
+    if not uses:
+        return 0, 0
+    parts = np.array([use.part for use in uses], dtype=np.int64)
+    first = np.array([use.first for use in uses], dtype=np.int64)
+    last = np.array([use.last for use in uses], dtype=np.int64)
+    sizes = layout.sizes[parts]
+    # Events at each position: parts start before parts end (a part is held through ``last``).
+    times = np.concatenate([first * 2, last * 2 + 1])
+    order = np.argsort(times, kind="stable")
+    count = np.concatenate([np.ones(len(uses), dtype=np.int64), -np.ones(len(uses), dtype=np.int64)])[order]
+    held = np.concatenate([sizes, -sizes])[order]
+    return int(np.cumsum(count).max()), int(np.cumsum(held).max())
 
 
 # -- one epoch: the part order and the runs cut from it ----------------------------------------
