@@ -27,9 +27,11 @@ from yogacache.read.parts_shuffle import (
     DEFAULT_PARTS_WINDOW,
     PartLayout,
     PartUse,
-    most_at_once as most_needed_at_once,
     random_read_refetch,
     shuffle_budget_warning,
+)
+from yogacache.read.parts_shuffle import (
+    most_at_once as most_needed_at_once,
 )
 from yogacache.read.permutation import KeyedPermutation
 from yogacache.read.pipeline import ReadSizes
