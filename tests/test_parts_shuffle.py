@@ -27,11 +27,9 @@ from yogacache.read.parts_shuffle import (
     DEFAULT_PARTS_WINDOW,
     PartLayout,
     PartUse,
+    most_at_once,
     random_read_refetch,
     shuffle_budget_warning,
-)
-from yogacache.read.parts_shuffle import (
-    most_at_once as most_needed_at_once,
 )
 from yogacache.read.permutation import KeyedPermutation
 from yogacache.read.pipeline import ReadSizes
@@ -97,7 +95,7 @@ def uses(layout: PartLayout, records: list[int]) -> dict[int, tuple[int, int]]:
     return found
 
 
-def most_at_once(layout: PartLayout, records: list[int]) -> int:
+def most_read_at_once(layout: PartLayout, records: list[int]) -> int:
     """The most parts whose first read is behind and last read ahead (or now), at once."""
     spans = uses(layout, records).values()
     return max((sum(a <= t <= b for a, b in spans) for t in range(len(records))), default=0)
@@ -139,7 +137,7 @@ def test_a_node_reads_one_run_of_parts_and_few_at_a_time(
     nonempty = int(np.count_nonzero(layout.records))
     assert sum(len(parts) for parts in node_parts) <= nonempty + len(node_parts) - 1
     for got in reads:
-        assert most_at_once(layout, got) <= window
+        assert most_read_at_once(layout, got) <= window
 
 
 def test_many_parts_mix_window_parts_at_a_time_from_one_part_first() -> None:
@@ -148,7 +146,7 @@ def test_many_parts_mix_window_parts_at_a_time_from_one_part_first() -> None:
     got = read_from(s, (0, 0))
     parts = parts_of(layout, got)
     assert len(set(parts[:40])) == 1  # the first records need one part only
-    assert most_at_once(layout, got) == 4
+    assert most_read_at_once(layout, got) == 4
     # Past the first stages a batch mixes the four parts of its stage (five across two stages).
     assert {len(set(parts[b : b + 64])) for b in range(1000, 7000, 64)} == {4, 5}
     # The part order is a permutation, and another one in the next epoch.
@@ -462,12 +460,12 @@ def test_parts_needed_is_exact_for_large_parts_and_every_mode() -> None:
 def test_most_at_once_is_what_a_reader_must_hold() -> None:
     layout = PartLayout.from_counts([150] * 12, [1000 + i for i in range(12)])
     s = schedule(layout, 0, (1, 1), seed=9, window=3)
-    assert most_needed_at_once(s.parts_needed(0), layout)[0] == 3 == most_at_once(layout, read_from(s, (0, 0)))
-    held = most_needed_at_once(s.parts_needed(0), layout)[1]
+    assert most_at_once(s.parts_needed(0), layout)[0] == 3 == most_read_at_once(layout, read_from(s, (0, 0)))
+    held = most_at_once(s.parts_needed(0), layout)[1]
     assert 3 * 1000 < held <= 1009 + 1010 + 1011
     glob = ReadSchedule(layout.num_records, ReadOptions(shuffle=True, shuffle_seed=1, shuffle_mode="global"), layout)
-    assert most_needed_at_once(glob.parts_needed(0), layout) == (12, layout.num_bytes)
-    assert most_needed_at_once([], layout) == (0, 0)
+    assert most_at_once(glob.parts_needed(0), layout) == (12, layout.num_bytes)
+    assert most_at_once([], layout) == (0, 0)
 
 
 # -- the budget warning of random-read modes ----------------------------------------------------
