@@ -11,6 +11,7 @@ uninterrupted run with the new split.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import tracemalloc
 from pathlib import Path
@@ -358,6 +359,20 @@ def test_resume_state_is_small_and_checked() -> None:
 def test_bad_options_are_refused_with_a_message(kwargs: dict[str, Any], match: str) -> None:
     with pytest.raises((ValueError, TypeError), match=match):
         ReadOptions(**{"shuffle_mode": "parts", **kwargs})
+
+
+def test_window_and_node_size_travel_in_the_options() -> None:
+    options = ReadOptions.from_stream_args(
+        shuffle=True, shuffle_seed=1, num_shards=4, shuffle_mode="parts", parts_window=np.int64(3), ranks_per_node=2
+    )
+    assert (options.parts_window, options.ranks_per_node) == (3, 2) and type(options.parts_window) is int
+    layout = PartLayout.from_counts([50] * 8)
+    s = ReadSchedule(layout.num_records, options, layout)
+    assert s.state(s.start)["window"] == 3 and s.state(s.start)["ranks_per_node"] == 2
+    # The other modes ignore them.
+    glob = ReadOptions(shuffle=True, shuffle_seed=1, num_shards=4, shuffle_mode="global")
+    wide = dataclasses.replace(glob, parts_window=9, ranks_per_node=2)
+    assert read_from(ReadSchedule(400, glob), (0, 0)) == read_from(ReadSchedule(400, wide), (0, 0))
 
 
 def test_the_mode_needs_the_part_layout() -> None:
