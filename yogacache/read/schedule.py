@@ -35,7 +35,9 @@ class ResumeState:
 
     ``consumed`` is the position in the epoch, which the mode defines: records read by all ranks
     together in global mode, by this rank (of its shard) in shard mode, whose states also name
-    the shard they belong to.
+    the shard they belong to. Parts-mode states also name the split their epoch was cut for
+    (``num_shards``, ``ranks_per_node``), the ``window`` and how much of the rest of an epoch
+    resumed with another split was ``dealt`` (``yogacache.read.parts_shuffle``).
     """
 
     mode: str
