@@ -1,7 +1,7 @@
 """Copying a published cache to another storage: parts first, checked against the CRC32C the
 destination computed, then the manifest by a conditional create.
 
-The copy keeps the cache's identity (``build_id``, ``created_at``, part SHA-256s), so a node
+The copy keeps the cache's identity (``build_id``, ``created_at``, part hashes), so a node
 syncing from the destination sees the same build as one syncing from the source. Steps:
 
 1. Read the source manifest; read the destination's. The same build there: only check (and
@@ -10,7 +10,7 @@ syncing from the destination sees the same build as one syncing from the source.
    destination reports it, no bytes read) equals the manifest's is kept (this is what makes an
    interrupted copy resumable). Otherwise the part is copied server-side where both ends are on
    one service (S3 CopyObject / UploadPartCopy within one endpoint, GCS rewrite), else streamed
-   through this process without touching its disk, SHA-256 and CRC32C computed on the way.
+   through this process without touching its disk, its content hash and CRC32C computed on the way.
 3. Every copied part's destination CRC32C is compared with the expected one.
 4. The manifest, with each part's CRC32C added, is created conditionally (``If-None-Match`` /
    ``ifGenerationMatch=0``), or replaces exactly the build seen in step 1: of two concurrent
@@ -250,7 +250,7 @@ def add_checksums(
 
     The CRC32C is the one the store computes (GCS always has it; an S3 object without one is
     copied onto itself with CRC32C, server-side; a directory computes it); only where the store
-    cannot is the part read, and then its SHA-256 is checked on the way. Where the store refuses
+    cannot is the part read, and then its content hash is checked on the way. Where the store refuses
     (a read-only bucket) the part keeps no CRC32C here, with a warning. The manifest is
     rewritten conditionally on the version read, with the same build id and creation time: nodes
     holding a copy of the build keep it. Where it cannot be rewritten (no permission, or it
@@ -281,10 +281,10 @@ def add_checksums(
             )
         if reported.crc32c is not None:
             return replace(part, crc32c=reported.crc32c)
-        hashed = _Hashed(location.objects.read_chunks(part_key))
+        hashed = _Hashed(location.objects.read_chunks(part_key), part.hash_name)
         for _ in hashed:
             pass
-        if hashed.sha256 != part.sha256 or hashed.size != part.size_bytes:
+        if hashed.digest != part.digest or hashed.size != part.size_bytes:
             raise CorruptCacheError(f"part {part.name} at {location.url(part_key)} does not match its manifest")
         return replace(part, crc32c=hashed.crc32c)
 
@@ -420,7 +420,7 @@ def _copy_part(
             expected = found.crc32c if found is not None else None
         if expected is None and after is not None:
             # Neither end kept a CRC32C of the source: the one the destination computed while
-            # copying bytes it never sent us is recorded (SHA-256 stays the end-to-end check).
+            # copying bytes it never sent us is recorded (the content hash stays the end-to-end check).
             expected = after.crc32c
         _check_copied(dst, key, part, after, expected)
         with lock:
@@ -455,9 +455,9 @@ def _stream_part(
     src: CacheLocation, dst: CacheLocation, source_key: str, key: str, part: PartInfo, on_bytes: Any
 ) -> str:
     """Streams one part through this process (no local file); returns its CRC32C after checking
-    its size and SHA-256 against the manifest (a mismatch deletes the destination object)."""
+    its size and content hash against the manifest (a mismatch deletes the destination object)."""
     for attempt in range(1, _STREAM_ATTEMPTS + 1):
-        hashed = _Hashed(src.objects.read_chunks(source_key))
+        hashed = _Hashed(src.objects.read_chunks(source_key), part.hash_name)
         sent = 0
 
         def counted(count: int) -> None:
@@ -473,11 +473,11 @@ def _stream_part(
             log.warning("copying %s to %s failed (%s); starting the part over", source_key, dst.url(key), error)
             on_bytes(-sent)
             continue
-        if hashed.size != part.size_bytes or hashed.sha256 != part.sha256:
+        if hashed.size != part.size_bytes or hashed.digest != part.digest:
             dst.objects.delete(key)
             raise CorruptCacheError(
                 f"part {part.name} at {src.url(source_key)} does not match its manifest "
-                f"({hashed.size} bytes, SHA-256 {hashed.sha256[:16]}...): the source is damaged; "
+                f"({hashed.size} bytes, {part.hash_name} {hashed.digest[:16]}...): the source is damaged; "
                 "nothing was published"
             )
         return hashed.crc32c
@@ -485,28 +485,40 @@ def _stream_part(
 
 
 class _Hashed:
-    """Chunks passed through, SHA-256, CRC32C and size computed on the way."""
+    """Chunks passed through, the part's content hash (BLAKE3 or SHA-256), CRC32C and size
+    computed on the way."""
 
-    def __init__(self, chunks: Iterable[bytes]) -> None:
+    def __init__(self, chunks: Iterable[bytes], algorithm: str) -> None:
         self._chunks = chunks
-        self._sha256 = hashlib.sha256()
+        self._content = _new_digest(algorithm)
         self._crc32c = Crc32c()
         self.size = 0
 
     def __iter__(self) -> Iterator[bytes]:
         for chunk in self._chunks:
-            self._sha256.update(chunk)
+            self._content.update(chunk)
             self._crc32c.update(chunk)
             self.size += len(chunk)
             yield chunk
 
     @property
-    def sha256(self) -> str:
-        return self._sha256.hexdigest()
+    def digest(self) -> str:
+        return str(self._content.hexdigest())
 
     @property
     def crc32c(self) -> str:
         return self._crc32c.value
+
+
+def _new_digest(algorithm: str) -> Any:
+    """A hash object of the part hash ``algorithm`` (see ``format.manifest.PART_HASHES``)."""
+    if algorithm == "blake3":
+        import blake3
+
+        return blake3.blake3()
+    if algorithm == "sha256":
+        return hashlib.sha256()
+    raise CorruptCacheError(f"unknown part hash {algorithm!r}")
 
 
 def _prefetched(chunks: Iterable[bytes], depth: int = _PREFETCH_CHUNKS) -> Iterator[bytes]:
