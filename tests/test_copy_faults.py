@@ -84,3 +84,32 @@ def test_a_read_only_source_of_an_old_cache_is_copied_with_checksums_computed_on
     assert all(part.crc32c for part in copied.parts)
     assert check_copy(destination, "ds", "v1") == []
     assert not proxy.requests("PUT", action="forwarded")  # the source was never written
+
+
+def test_a_different_build_published_during_the_copy_wins_and_the_copy_says_so(tmp_path: Path) -> None:
+    """The manifest is created conditionally: a build another process publishes at the destination
+    while the copy runs stays published, and the copy raises CopyConflictError."""
+    from yogacache.backends.files import FileObjectStore
+    from yogacache.store.copy import CopyConflictError
+
+    source = FileObjectStore(tmp_path / "source")
+    RemoteCacheStore(source, tmp_path / "a", part_size_bytes=PART_SIZE, show_progress=False).get_or_build(
+        "ds", "v1", lambda: dataset(N)
+    )
+    other_root = FileObjectStore(tmp_path / "other")
+    other = RemoteCacheStore(other_root, tmp_path / "b", show_progress=False).get_or_build(
+        "ds", "v1", lambda: dataset(20, 9)
+    )
+    other_manifest = (tmp_path / "other" / "ds" / "v1" / MANIFEST_NAME).read_bytes()
+
+    class RacedDestination(FileObjectStore):
+        def write(self, key: str, data: bytes, *, if_absent: bool = False, if_token: Any = None) -> Any:
+            if key.endswith(MANIFEST_NAME) and if_absent:
+                super().write(key, other_manifest)  # another process publishes first
+            return super().write(key, data, if_absent=if_absent, if_token=if_token)
+
+    destination = RacedDestination(tmp_path / "dest")
+    with pytest.raises(CopyConflictError, match=r"another process published .* the other build stays published"):
+        copy_cache(source, destination, "ds", "v1", show_progress=False)
+    assert (tmp_path / "dest" / "ds" / "v1" / MANIFEST_NAME).read_bytes() == other_manifest
+    assert other.manifest.build_id.encode() in other_manifest
