@@ -507,6 +507,9 @@ def _regroup(chunks: Iterable[bytes], size: int) -> Iterator[bytes]:
     """``chunks`` joined into pieces of ``size`` bytes (the last one shorter)."""
     buffer = bytearray()
     for chunk in chunks:
+        if not buffer and len(chunk) == size:
+            yield chunk  # already the right size: no copy
+            continue
         buffer += chunk
         while len(buffer) >= size:
             yield bytes(buffer[:size])
