@@ -126,3 +126,52 @@ def test_ctrl_c_stops_a_copy_publishing_nothing_and_says_how_to_resume(setup: An
     assert f"caches/ds/v1/{MANIFEST_NAME}" not in target.raw_keys(target_bucket)
     present = len(part_objects(target, target_bucket))
     assert 0 < present < len(manifest.parts)
+
+
+@pytest.mark.slow
+def test_a_copy_to_gcs_killed_half_way_resumes(s3_server: Any, gcs_server: Any, tmp_path: Path) -> None:
+    """The same against GCS: its uploads (resumable or multipart) appear whole or not at all."""
+    from yogacache.backends.gcs import GCSObjectStore
+
+    source, target = Cloud("s3", s3_server), Cloud("gcs", gcs_server)
+    source_bucket, target_bucket = source.new_bucket(), target.new_bucket()
+    objects = S3ObjectStore(source_bucket, "caches", endpoint_url=s3_server.endpoint_url)
+    builder = RemoteCacheStore(objects, tmp_path / "builder", part_size_bytes=PART_SIZE, show_progress=False)
+    manifest = builder.get_or_build("ds", "v1", lambda: dataset(N)).manifest
+    source_config = tmp_path / "src.json"
+    source_config.write_text(json.dumps(source.config(source_bucket, "caches")))
+    with FaultProxy(gcs_server.url) as proxy:
+        # The object name of a GCS upload travels in its body: every upload is slowed down.
+        proxy.add_rule(action="delay", method="POST", path_contains="/upload/", seconds=0.3)
+        process = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "yogacache",
+                "copy",
+                "ds",
+                "v1",
+                "--from",
+                str(source_config),
+                "--to",
+                f"gs://{target_bucket}/caches",
+                "--threads",
+                "1",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=python_env(STORAGE_EMULATOR_HOST=proxy.url),
+        )
+        present = wait_for_parts(target, target_bucket, len(manifest.parts) // 2, process)
+        process.send_signal(signal.SIGKILL)
+        process.communicate(timeout=30)
+    present = len(part_objects(target, target_bucket))
+    assert 0 < present < len(manifest.parts)
+    assert f"caches/ds/v1/{MANIFEST_NAME}" not in target.raw_keys(target_bucket)
+    destination = GCSObjectStore(target_bucket, "caches")
+    report = copy_cache(source_config, destination, "ds", "v1", show_progress=False)
+    assert report.published and len(report.kept) >= present
+    assert sorted(report.kept + report.copied) == [part.name for part in manifest.parts]
+    reader = RemoteCacheStore(destination, tmp_path / "reader", show_progress=False).open("ds", "v1")
+    assert reader_keys(reader) == expected_keys(N)
