@@ -181,6 +181,11 @@ def test_mirrors_in_the_config_and_in_ls(world: World, tmp_path: Path, capsys: p
     assert main(["ls", "--storage", str(path)]) == 0
     out = capsys.readouterr().out
     assert "empty" not in out
+    # The local copy came from the near mirror: the storage lists it as its own.
+    assert main(["ls", "--json", "--storage", str(path)]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [(r["dataset_id"], r["local_current"]) for r in rows] == [("ds", True)]
+    assert rows[0]["local_path"] is not None
 
 
 @pytest.mark.parametrize(

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import builtins
 import logging
+from dataclasses import replace
 import time
 import uuid
 from pathlib import Path
@@ -157,14 +158,19 @@ class MirroredCacheStore(RemoteCacheStore):
     # -- management -----------------------------------------------------------------------
     def list(self) -> builtins.list[CacheEntry]:
         """The origin's caches; local copies fetched from a mirror count as this store's."""
-        entries = super().list()
-        known = {(e.dataset_id, e.dataset_version) for e in entries}
         mirror_urls = {mirror.objects.url() for mirror in self.mirrors}
-        for entry in self.local.list():
-            if (entry.dataset_id, entry.dataset_version) in known or entry.local_path is None:
-                continue
-            if read_origin(entry.local_path) in mirror_urls:
-                entries.append(entry)
+        from_mirrors = {
+            (e.dataset_id, e.dataset_version): e
+            for e in self.local.list()
+            if e.local_path is not None and read_origin(e.local_path) in mirror_urls
+        }
+        entries = []
+        for entry in super().list():
+            copy = from_mirrors.pop((entry.dataset_id, entry.dataset_version), None)
+            if copy is not None and entry.local_path is None:
+                entry = replace(entry, local_path=copy.local_path, local=copy.local)
+            entries.append(entry)
+        entries.extend(from_mirrors.values())
         return sorted(entries, key=lambda e: (e.dataset_id, e.dataset_version))
 
     def mirror_builds(self) -> builtins.list[tuple[str, str, str, Optional[str]]]:
