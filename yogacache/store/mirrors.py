@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import builtins
 import logging
-from dataclasses import replace
 import time
 import uuid
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable, Optional
 
