@@ -220,6 +220,22 @@ class Cloud:
         return {"type": "gcs", "bucket": bucket, "bucket_directory_path": prefix, **extra}
 
 
+def without_crc32c(manifest_bytes: bytes) -> bytes:
+    """A manifest as releases before 0.2 wrote it: the same, without the parts' CRC32Cs."""
+    raw = json.loads(manifest_bytes)
+    for part in raw["parts"]:
+        part.pop("crc32c", None)
+    return (json.dumps(raw, indent=2, sort_keys=True) + "\n").encode("utf-8")
+
+
+def publish_as_before_crc32c(objects: ObjectStore, dataset_id: str, version: str) -> None:
+    """Rewrites a published manifest as a release before 0.2 published it (no part CRC32Cs)."""
+    key = f"{dataset_id}/{version}/manifest.json"
+    found = objects.read(key)
+    assert found is not None, f"{key} is not published"
+    objects.write(key, without_crc32c(found[0]))
+
+
 def unique(prefix: str = "p") -> str:
     return f"{prefix}-{uuid.uuid4().hex[:8]}"
 

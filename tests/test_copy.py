@@ -20,13 +20,21 @@ from typing import Any
 
 import pytest
 
-from tests.cloud_helpers import Cloud, CountingStore, dataset, expected_keys, reader_keys, unique
+from tests.cloud_helpers import (
+    Cloud,
+    CountingStore,
+    dataset,
+    expected_keys,
+    publish_as_before_crc32c,
+    reader_keys,
+    unique,
+)
 from tests.faultproxy import FaultProxy
-from yogacache.backends.checksum import crc32c_of
 from yogacache.backends.files import FileObjectStore
 from yogacache.backends.gcs import GCSObjectStore
 from yogacache.backends.s3 import S3ObjectStore
 from yogacache.errors import CacheNotFoundError, CorruptCacheError, InvalidNameError
+from yogacache.format.checksum import crc32c_of
 from yogacache.format.manifest import MANIFEST_NAME, Manifest
 from yogacache.store.copy import CacheLocation, CopyRefusedError, check_copy, copy_cache
 from yogacache.store.local import CacheStore
@@ -66,8 +74,13 @@ def node(objects: Any, root: Path) -> RemoteCacheStore:
     return RemoteCacheStore(objects, root, part_size_bytes=PART_SIZE, show_progress=False)
 
 
-def publish(place: Place, tmp_path: Path, n: int = N, fill: int = 0) -> Manifest:
-    return node(place.objects, tmp_path / unique("builder")).get_or_build("ds", "v1", lambda: dataset(n, fill)).manifest
+def publish(place: Place, tmp_path: Path, n: int = N, fill: int = 0, crc32c: bool = False) -> Manifest:
+    """Builds and publishes ``ds:v1`` at ``place``; unless ``crc32c``, as a release before 0.2
+    published it (no part CRC32Cs: the copy has to add them)."""
+    built = node(place.objects, tmp_path / unique("builder")).get_or_build("ds", "v1", lambda: dataset(n, fill))
+    if not crc32c:
+        publish_as_before_crc32c(place.objects, "ds", "v1")
+    return built.manifest
 
 
 def published(place: Place) -> Manifest:
@@ -125,6 +138,25 @@ def test_a_copy_keeps_the_cache_identity_in_every_direction(
     counting = CountingStore(source.objects)
     assert reader_keys(node(counting, reader_root).open("ds", "v1")) == expected_keys(N)
     assert counting.counts()["download_file"] == 0
+
+
+@pytest.mark.parametrize("target_kind", ["s3b", "gcs"])
+def test_a_cache_built_with_crc32cs_is_copied_without_writing_to_the_source(
+    target_kind: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    """Builds since 0.2 record each part's CRC32C when they seal it: the copy checks the
+    destination against those, and leaves the source as it was (no rewrite onto itself)."""
+    source, target = Place("s3", request, tmp_path), Place(target_kind, request, tmp_path)
+    original = publish(source, tmp_path, crc32c=True)
+    assert all(part.crc32c for part in original.parts)
+    manifest_before = source.raw_get(f"ds/v1/{MANIFEST_NAME}")
+    tokens_before = {key: source.objects.read(key)[1] for key in (i.key for i in source.objects.list("ds/v1/"))}
+    report = copy_cache(source.objects, target.objects, "ds", "v1", show_progress=False)
+    assert report.published and len(report.copied) == len(original.parts)
+    assert [p.crc32c for p in published(target).parts] == [p.crc32c for p in original.parts]
+    assert source.raw_get(f"ds/v1/{MANIFEST_NAME}") == manifest_before
+    assert {key: source.objects.read(key)[1] for key in tokens_before} == tokens_before
+    assert check_copy(target.objects, "ds", "v1") == []
 
 
 def test_a_shared_fs_cache_copies_to_a_bucket_and_back(request: pytest.FixtureRequest, tmp_path: Path) -> None:

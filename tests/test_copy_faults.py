@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from tests.cloud_helpers import FAST_RETRY, Cloud, dataset, expected_keys, reader_keys
+from tests.cloud_helpers import FAST_RETRY, Cloud, dataset, expected_keys, publish_as_before_crc32c, reader_keys
 from tests.faultproxy import FaultProxy
 from yogacache.backends.base import RemoteError
 from yogacache.backends.s3 import S3ObjectStore
@@ -29,6 +29,7 @@ def published(s3_server: Any, s3_server_b: Any, tmp_path: Path) -> Any:
     objects = S3ObjectStore(bucket, "caches", endpoint_url=s3_server.endpoint_url)
     builder = RemoteCacheStore(objects, tmp_path / "builder", part_size_bytes=PART_SIZE, show_progress=False)
     manifest = builder.get_or_build("ds", "v1", lambda: dataset(N)).manifest
+    publish_as_before_crc32c(objects, "ds", "v1")  # a cache of a release that recorded none
     target = Cloud("s3", s3_server_b)
     target_bucket = target.new_bucket()
     destination = S3ObjectStore(target_bucket, "caches", endpoint_url=s3_server_b.endpoint_url)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import datetime
 import json
 import struct
@@ -10,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import blake3
+import google_crc32c
 import lmdb
 import numpy as np
 import pytest
@@ -81,6 +83,9 @@ def test_manifest_fields(tmp_path: Path) -> None:
         # New builds are hashed with BLAKE3 (the reference implementation, not ours, checks it).
         assert "sha256" not in part
         assert part["blake3"] == blake3.blake3(path.read_bytes()).hexdigest()
+        # ... and carry the CRC32C the clouds compute, in their form (base64, big-endian).
+        crc = google_crc32c.value(path.read_bytes()).to_bytes(4, "big")
+        assert part["crc32c"] == base64.b64encode(crc).decode()
     assert raw["parts"][0]["first_record"] == 0 and raw["parts"][0]["num_records"] == 10
     created = datetime.datetime.fromisoformat(raw["created_at"])
     assert created.tzinfo is not None

@@ -155,7 +155,7 @@ COPY_CHUNK_BYTES = 16 << 20
 class ObjectChecksum:
     """An object's size and full-object CRC32C, as the store itself reports them.
 
-    ``crc32c`` is base64 of the four big-endian bytes (see ``backends.checksum``); None when the
+    ``crc32c`` is base64 of the four big-endian bytes (see ``format.checksum``); None when the
     store keeps no full-object CRC32C for this object (an S3 object uploaded without one, or
     with a composite multipart checksum).
     """

@@ -151,7 +151,7 @@ class FileObjectStore:
     # -- copies (the CopyableObjectStore primitives) ---------------------------------------
     def checksum(self, key: str) -> Optional[ObjectChecksum]:
         """A directory keeps no checksums: the file is read to compute its CRC32C."""
-        from yogacache.backends.checksum import crc32c_file
+        from yogacache.format.checksum import crc32c_file
 
         path = self._path(key)
         try:

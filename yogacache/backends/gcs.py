@@ -26,8 +26,8 @@ from yogacache.backends.base import (
     join_key,
     split_bucket_url,
 )
-from yogacache.backends.checksum import is_crc32c
 from yogacache.errors import ConfigError
+from yogacache.format.checksum import is_crc32c
 
 try:
     import google.auth.exceptions as gauth

@@ -22,7 +22,7 @@ from yogacache.backends.base import (
     join_key,
     split_bucket_url,
 )
-from yogacache.backends.checksum import Crc32c, crc32c_of, is_crc32c
+from yogacache.format.checksum import Crc32c, crc32c_of, is_crc32c
 
 try:
     import boto3

@@ -20,11 +20,13 @@ import os
 import stat
 import tempfile
 from pathlib import Path
-from typing import Any, Literal, Optional
+from typing import Any, Callable, Literal, Optional
 
 import blake3
 
 from yogacache.errors import CorruptCacheError
+from yogacache.format import checksum
+from yogacache.format.checksum import Crc32c
 from yogacache.format.manifest import BUILD_HASH, PART_HASHES, Manifest, PartInfo
 from yogacache.safefs import PRIVATE_DIR_MODE, make_directories
 
@@ -193,12 +195,34 @@ def sha256_file(path: Path, chunk_size: int = 8 << 20) -> str:
 
 def hash_file(path: Path, algorithm: str = BUILD_HASH, chunk_size: int = 8 << 20) -> str:
     """The hex digest of a file's bytes with ``algorithm`` (one of ``PART_HASHES``)."""
+    digest = _new_digest(algorithm)
+    _feed(path, [digest.update], chunk_size)
+    return str(digest.hexdigest())
+
+
+def seal_hashes(path: Path) -> dict[str, str]:
+    """A new part's manifest hashes, from one read of the file: its content hash
+    (``BUILD_HASH``) and, where google-crc32c is installed, the CRC32C that S3 and GCS compute
+    themselves (so that a copy in a bucket is checked without reading it back)."""
+    digest = _new_digest(BUILD_HASH)
+    crc = Crc32c() if checksum.available() else None
+    _feed(path, [digest.update] + ([crc.update] if crc is not None else []))
+    hashes = {BUILD_HASH: str(digest.hexdigest())}
+    if crc is not None:
+        hashes["crc32c"] = crc.value
+    return hashes
+
+
+def _new_digest(algorithm: str) -> Any:
     if algorithm == "blake3":
-        digest: Any = blake3.blake3()  # one thread: fork-safe (no thread pool to inherit)
-    elif algorithm == "sha256":
-        digest = hashlib.sha256()
-    else:
-        raise CorruptCacheError(f"unknown part hash {algorithm!r}: use one of {', '.join(PART_HASHES)}")
+        return blake3.blake3()  # one thread: fork-safe (no thread pool to inherit)
+    if algorithm == "sha256":
+        return hashlib.sha256()
+    raise CorruptCacheError(f"unknown part hash {algorithm!r}: use one of {', '.join(PART_HASHES)}")
+
+
+def _feed(path: Path, sinks: list[Callable[[memoryview], Any]], chunk_size: int = 8 << 20) -> None:
+    """Passes the file's bytes, in order, to every sink (one read of the file for all)."""
     with open(path, "rb", buffering=0) as handle:
         buffer = bytearray(chunk_size)
         view = memoryview(buffer)
@@ -206,5 +230,5 @@ def hash_file(path: Path, algorithm: str = BUILD_HASH, chunk_size: int = 8 << 20
             read = handle.readinto(buffer)
             if not read:
                 break
-            digest.update(view[:read])
-    return digest.hexdigest()
+            for sink in sinks:
+                sink(view[:read])

@@ -40,8 +40,8 @@ from yogacache.backends.base import (
     RemoteError,
     TransferCancelled,
 )
-from yogacache.backends.checksum import Crc32c
 from yogacache.errors import CacheNotFoundError, ConfigError, CorruptCacheError, YogaCacheError
+from yogacache.format.checksum import Crc32c
 from yogacache.format.manifest import MANIFEST_NAME, MAX_MANIFEST_BYTES, Manifest, PartInfo
 from yogacache.names import validate_name, validate_version
 from yogacache.progress import TransferProgress

@@ -17,6 +17,15 @@ CRC32C_PATTERN = re.compile(r"[A-Za-z0-9+/]{6}==")
 _FILE_CHUNK = 8 << 20
 
 
+def available() -> bool:
+    """Whether google-crc32c is installed (the s3 and gcs extras bring it)."""
+    try:
+        _module()
+    except ImportError:
+        return False
+    return True
+
+
 def _module() -> Any:
     try:
         import google_crc32c
@@ -39,7 +48,8 @@ class Crc32c:
         self._checksum = _module().Checksum()
 
     def update(self, data: bytes | memoryview) -> None:
-        self._checksum.update(data)
+        # google-crc32c's C extension takes bytes only, not views (a copy costs far less than a CRC).
+        self._checksum.update(data if isinstance(data, bytes) else bytes(data))
 
     @property
     def value(self) -> str:
