@@ -18,7 +18,7 @@ import tarfile
 import zipfile
 import zlib
 from dataclasses import dataclass
-from typing import Any, BinaryIO, Iterator, Optional
+from typing import Any, BinaryIO, Callable, Iterator, Optional
 
 from yogacache.sources.errors import CorruptSourceError
 
@@ -140,12 +140,17 @@ def _zstd_errors() -> tuple[type[BaseException], ...]:
     return (zstandard.ZstdError,)
 
 
-def zip_members(handle: BinaryIO, where: str, budget: ByteBudget) -> Iterator[Member]:
-    """The files of a zip read through ranged reads: its central directory first, then each
-    member's bytes (CRC-checked by ``zipfile``); declared sizes are budgeted before expansion."""
+def zip_members(
+    handle: BinaryIO, where: str, budget: ByteBudget, on_names: Optional[Callable[[list[str]], None]] = None
+) -> Iterator[Member]:
+    """The files of a zip read through ranged reads: its central directory first (its file names
+    go to ``on_names``), then each member's bytes (CRC-checked by ``zipfile``); declared sizes
+    are budgeted before expansion."""
     member: Optional[str] = None
     try:
         with zipfile.ZipFile(handle) as archive:
+            if on_names is not None:
+                on_names([info.filename for info in archive.infolist() if not info.is_dir()])
             for info in archive.infolist():
                 member = info.filename
                 if info.is_dir():

@@ -198,6 +198,11 @@ class GCSAccess:
                 f"source object {url} changed while it was read (it was generation {ref.generation}): "
                 "it was overwritten during the build; nothing was cached. Build again once it is stable"
             )
+        if isinstance(error, self._gexc.NotFound) and ref is not None:
+            return SourceChangedError(
+                f"source object {url} changed or was deleted while it was read (generation {ref.generation} "
+                "is gone); nothing was cached. Build again once it is stable"
+            )
         if isinstance(error, self._gexc.NotFound):
             return SourceChangedError(f"source object {url} does not exist (or no longer exists)")
         return SourceError(f"cannot read source object {url}: {type(error).__name__}")

@@ -28,6 +28,7 @@ from yogacache.sources.formats import (
     check_name,
     file_field,
     file_records,
+    split_key,
     tar_members,
     webdataset_samples,
     zip_members,
@@ -113,6 +114,7 @@ class ObjectSource:
         self._prefixes: list[str] = []
         self._classes: Optional[dict[str, int]] = None
         self._python: Optional[PythonSource] = None
+        self._fieldset: Optional[_FieldSet] = None
 
     def __repr__(self) -> str:
         shown = ", ".join(self.urls[:3]) + (", ..." if len(self.urls) > 3 else "")
@@ -292,11 +294,14 @@ class ObjectSource:
     def records(self) -> Iterator[dict[str, Any]]:
         """Every record, object by object, in listing order."""
         refs = self.objects()
+        if self.format == "imagefolder":  # as torchvision: files outside a class directory are no samples
+            refs = [ref for ref in refs if "/" in self._relative_key(ref)]
         budget = ByteBudget(self._limit())
         state = {"objects": 0, "bytes": 0, "records": 0}
         fields = _FieldSet(self.fields, explicit=self.fields is not None)
         if any(self._format_of(ref) in ("files", "imagefolder") for ref in refs) and self.fields is None:
             fields = _FieldSet(self._file_fields(refs), explicit=False)
+        self._fieldset = fields
 
         def on_bytes(count: int) -> None:
             state["bytes"] += count
@@ -315,6 +320,18 @@ class ObjectSource:
             if self.progress is not None:
                 self.progress(state["objects"], state["bytes"], state["records"])
 
+    def _field_names(self, fmt: str) -> Callable[[list[str]], None]:
+        """Fixes the field set from a zip's central directory, before its first record."""
+
+        def fix(names: list[str]) -> None:
+            fields = self._fieldset
+            if fields is not None and fields.fields is None:
+                keyed = [split_key(name.rsplit("/", 1)[-1])[1] for name in names] if fmt == "webdataset" else []
+                found = {field.lower() for field in keyed if field} if keyed else {file_field(n) for n in names}
+                fields.fields = sorted(found)
+
+        return fix
+
     def _file_fields(self, refs: list[ObjectRef]) -> list[str]:
         names = {file_field(ref.name) for ref in refs}
         return sorted(names | ({"cls"} if self.format == "imagefolder" else set()))
@@ -330,7 +347,7 @@ class ObjectSource:
         if archive_kind(ref.name) == "zip":
             handle = access.open_ranged(ref)
             try:
-                members = zip_members(handle, where, budget)
+                members = zip_members(handle, where, budget, self._field_names(fmt))
                 yield from (webdataset_samples(members, where) if fmt == "webdataset" else file_records(members))
             finally:
                 handle.close()
