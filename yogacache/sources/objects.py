@@ -159,15 +159,15 @@ class S3Access:
         if ref.version_id:
             extra["VersionId"] = ref.version_id
         try:
-            return self._client.get_object(Bucket=ref.location.bucket, Key=ref.location.key, **extra)
+            answer = self._client.get_object(Bucket=ref.location.bucket, Key=ref.location.key, **extra)
         except self._errors.ClientError as error:
             raise self._fail(error, ref.url, ref) from None
+        if answer.get("VersionId") and answer["VersionId"] != "null":  # a versioned bucket
+            self.versions[ref.url] = answer["VersionId"]
+        return answer
 
     def open_stream(self, ref: ObjectRef) -> BinaryIO:
-        answer = self._get(ref)
-        body = answer["Body"]
-        if answer.get("VersionId") and answer["VersionId"] != "null":
-            self.versions[ref.url] = answer["VersionId"]
+        body = self._get(ref)["Body"]
         return _GuardedStream(body, ref.url, self._errors.BotoCoreError)  # type: ignore[return-value]
 
     def open_ranged(self, ref: ObjectRef) -> BinaryIO:

@@ -13,6 +13,8 @@ import hashlib
 import json
 import os
 import posixpath
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Optional, Sequence, Union
 
@@ -115,6 +117,7 @@ class ObjectSource:
         self._classes: Optional[dict[str, int]] = None
         self._python: Optional[PythonSource] = None
         self._fieldset: Optional[_FieldSet] = None
+        self._prefetch = _Prefetch([], self._read_whole)
 
     def __repr__(self) -> str:
         shown = ", ".join(self.urls[:3]) + (", ..." if len(self.urls) > 3 else "")
@@ -302,10 +305,20 @@ class ObjectSource:
         if any(self._format_of(ref) in ("files", "imagefolder") for ref in refs) and self.fields is None:
             fields = _FieldSet(self._file_fields(refs), explicit=False)
         self._fieldset = fields
+        self._prefetch = _Prefetch(
+            [ref for ref in refs if self._format_of(ref) in ("files", "imagefolder")], self._read_whole
+        )
 
         def on_bytes(count: int) -> None:
             state["bytes"] += count
 
+        try:
+            yield from self._records(refs, budget, fields, state, on_bytes)
+        finally:
+            self._prefetch.close()
+
+    def _records(self, refs: list[ObjectRef], budget: ByteBudget, fields: _FieldSet, state: dict[str, int],
+                 on_bytes: Callable[[int], None]) -> Iterator[dict[str, Any]]:
         for ref in refs:
             where = f"source object {ref.url}"
             for sample in self._samples(ref, where, budget, on_bytes):
@@ -370,11 +383,8 @@ class ObjectSource:
         key = self._relative_key(ref)
         check_name(key, where)
         budget.take(ref.size, where, key)
-        stream = _CountingStream(self.access(ref.location.scheme).open_stream(ref), on_bytes)
-        try:
-            data = stream.read(-1)
-        finally:
-            stream.close()
+        data = self._prefetch.take(ref)
+        on_bytes(len(data))
         if len(data) != ref.size:
             raise SourceChangedError(f"{where} held {len(data)} bytes, not the {ref.size} listed; nothing was cached")
         record: dict[str, Any] = {"__key__": key, file_field(key): data}
@@ -384,6 +394,13 @@ class ObjectSource:
             label = key.split("/", 1)[0]
             record["cls"] = self._classes[label]
         return record
+
+    def _read_whole(self, ref: ObjectRef) -> bytes:
+        stream = self.access(ref.location.scheme).open_stream(ref)
+        try:
+            return bytes(stream.read(-1))
+        finally:
+            stream.close()
 
     def _relative_key(self, ref: ObjectRef) -> str:
         """The object's name relative to the prefix it was listed under (its base name otherwise)."""
@@ -402,6 +419,47 @@ class ObjectSource:
         if not classes:
             raise SourceError(f"format='imagefolder' found no class directories under {', '.join(self.urls)}")
         return {name: index for index, name in enumerate(classes)}
+
+
+class _Prefetch:
+    """Reads whole small objects (files, ImageFolder) ahead of the build on a few threads, in
+    order, at most ``window`` objects or ``window_bytes`` ahead: one GET per object would
+    otherwise wait on every round trip in turn."""
+
+    def __init__(self, refs: list[ObjectRef], read: Callable[[ObjectRef], bytes], window: int = 32,
+                 window_bytes: int = 256 << 20, threads: int = 16) -> None:
+        self._refs = refs
+        self._read = read
+        self._window = window
+        self._window_bytes = window_bytes
+        self._pool: Optional[ThreadPoolExecutor] = ThreadPoolExecutor(threads) if refs else None
+        self._pending: deque[tuple[ObjectRef, Future[bytes]]] = deque()
+        self._next = 0
+
+    def _fill(self) -> None:
+        ahead = sum(ref.size for ref, _ in self._pending)
+        while (self._pool is not None and self._next < len(self._refs) and len(self._pending) < self._window
+               and (not self._pending or ahead < self._window_bytes)):
+            ref = self._refs[self._next]
+            self._pending.append((ref, self._pool.submit(self._read, ref)))
+            ahead += ref.size
+            self._next += 1
+
+    def take(self, ref: ObjectRef) -> bytes:
+        """The bytes of ``ref``, the next object in order."""
+        self._fill()
+        if not self._pending or self._pending[0][0] != ref:
+            return self._read(ref)
+        _, future = self._pending.popleft()
+        self._fill()
+        return future.result()
+
+    def close(self) -> None:
+        if self._pool is not None:
+            for _, future in self._pending:
+                future.cancel()
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
 
 
 class _FieldSet:
