@@ -61,15 +61,15 @@ def check_pins(pins: dict[str, Any], access: Optional[Accessors] = None) -> Sour
     for (scheme, bucket), members in groups.items():
         storage = access(scheme)
         covering = [p for p in prefixes if p.scheme == scheme and p.bucket == bucket]
-        current: dict[str, ObjectRef] = {}
+        current: dict[str, Optional[ObjectRef]] = {}
         by_head = [ref for ref in members if ref.url in fixed]
         listed = [ref for ref in members if ref.url not in fixed]
         if scheme == "file" or (len(listed) == 1 and not covering):
             by_head += listed
         elif listed:
             prefix = posixpath.commonprefix([ref.name for ref in listed] + [p.key for p in covering])
-            for now in storage.list(Location(scheme, bucket, prefix)):
-                current[now.url] = now
+            for listed_now in storage.list(Location(scheme, bucket, prefix)):
+                current[listed_now.url] = listed_now
             pinned = {ref.url for ref in listed}
             for url in sorted(current):
                 inside = any(url.startswith(p.url) for p in covering)
@@ -77,7 +77,7 @@ def check_pins(pins: dict[str, Any], access: Optional[Accessors] = None) -> Sour
                     check.changes.append(f"{url}: added")
         for ref in by_head:
             version = ref.version_id if ref.url in fixed else None
-            current[ref.url] = storage.head(ref.location, version_id=version)  # type: ignore[assignment]
+            current[ref.url] = storage.head(ref.location, version_id=version)
         for ref in members:
             now = current.get(ref.url)
             differences = ref.differences(now)

@@ -173,11 +173,11 @@ class ObjectSource:
                     listed[ref.url] = [ref]
                 continue
             for location in locations:
-                ref = access.head(location, self.version_id, self.generation)
-                if ref is not None:
+                head = access.head(location, self.version_id, self.generation)
+                if head is not None:
                     if self.version_id:
-                        ref = ObjectRef(ref.location, ref.size, ref.etag, self.version_id)
-                    listed[location.url] = [ref]
+                        head = ObjectRef(head.location, head.size, head.etag, self.version_id)
+                    listed[location.url] = [head]
                 elif scheme != "file" and not (self.version_id or self.generation is not None):
                     children = self._list_prefix(location.child(location.key + "/"))
                     if children:
