@@ -12,13 +12,14 @@ one sample; names without a dot and top-level ``__*__`` names are skipped.
 
 from __future__ import annotations
 
+import bz2
 import lzma
 import re
 import tarfile
 import zipfile
 import zlib
 from dataclasses import dataclass
-from typing import Any, BinaryIO, Callable, Iterator, Optional
+from typing import Any, BinaryIO, Callable, Iterator, Optional, Union
 
 from yogacache.sources.errors import CorruptSourceError
 
@@ -88,15 +89,99 @@ class ByteBudget:
         self.used += size
 
 
-def _decompressed(stream: BinaryIO, name: str) -> Any:
-    """The stream a tar reader reads: zstd is unwrapped here (tarfile reads gz, bz2, xz itself)."""
-    if name.lower().endswith((".tar.zst", ".tar.zstd", ".tzst")):
-        try:
+class DecompressedStream:
+    """The decompressed bytes of a gzip, bzip2, xz or zstd stream (recognised by its magic bytes;
+    anything else passes through). It decompresses in large steps with a bounded output per
+    step (a bomb never expands in memory beyond that), so that tarfile reads a plain stream, as
+    fast as it reads an uncompressed tar. Concatenated members (pigz, bgzip) are read on; a stream
+    cut inside a member raises EOFError."""
+
+    _STEP_OUTPUT = 4 << 20
+
+    def __init__(self, raw: Any, chunk: int = 1 << 20) -> None:
+        self._chunk = chunk
+        self._buffer = bytearray()
+        self._offset = 0
+        self._input = raw.read(chunk)
+        self._eof = not self._input
+        self._raw = raw
+        self._make = _decompressor_for(self._input)
+        if self._make == "zstd":  # zstandard's reader bounds its own output
             import zstandard
+
+            self._raw = zstandard.ZstdDecompressor().stream_reader(_Prefixed(self._input, raw), read_across_frames=True)
+            self._make, self._input = None, b""
+        self._decompressor: Any = self._make() if callable(self._make) else None
+        self._started = bool(self._input)
+
+    def _step(self) -> Optional[bytes]:
+        """The next piece of output; None at a clean end."""
+        d = self._decompressor
+        if d is None:
+            data = self._input or self._raw.read(self._chunk)
+            self._input = b""
+            return data or None
+        if not self._input and getattr(d, "needs_input", True):
+            self._input = self._raw.read(self._chunk)
+            if not self._input:
+                if self._started:
+                    raise EOFError("the compressed stream ends inside a member (truncated)")
+                return None
+            self._started = True
+        out: bytes = d.decompress(self._input, self._STEP_OUTPUT)
+        self._input = getattr(d, "unconsumed_tail", b"")
+        if d.eof:  # a member ended: what follows is the next member, or the end
+            self._input = d.unused_data + self._input
+            self._decompressor = self._make()  # type: ignore[misc]
+            self._started = bool(self._input)
+        return out
+
+    def read(self, size: int = -1) -> bytes:
+        wanted = (1 << 62) if size is None or size < 0 else size
+        while len(self._buffer) - self._offset < wanted and not self._eof:
+            out = self._step()
+            if out is None:
+                self._eof = True
+            else:
+                self._buffer += out
+        end = min(len(self._buffer), self._offset + wanted)
+        data = bytes(self._buffer[self._offset:end])
+        self._offset = end
+        if self._offset >= len(self._buffer) or self._offset > (16 << 20):
+            del self._buffer[: self._offset]
+            self._offset = 0
+        return data
+
+
+class _Prefixed:
+    """``head`` then the rest of ``raw``: a stream whose first bytes were read to sniff it."""
+
+    def __init__(self, head: bytes, raw: Any) -> None:
+        self._head = head
+        self._raw = raw
+
+    def read(self, size: int = -1) -> bytes:
+        if self._head:
+            data, self._head = (self._head, b"") if size < 0 or size >= len(self._head) else (
+                self._head[:size], self._head[size:])
+            return data
+        return self._raw.read(size)  # type: ignore[no-any-return]
+
+
+def _decompressor_for(head: bytes) -> Union[None, str, Callable[[], Any]]:
+    if head.startswith(b"\x1f\x8b"):
+        return lambda: zlib.decompressobj(16 + zlib.MAX_WBITS)
+    if head.startswith(b"BZh"):
+        return bz2.BZ2Decompressor
+    if head.startswith(b"\xfd7zXZ\x00"):
+        return lzma.LZMADecompressor
+    if head.startswith(b"\x28\xb5\x2f\xfd"):
+        try:
+            import zstandard  # noqa: F401
         except ImportError:
             raise ImportError("reading .tar.zst sources needs zstandard: pip install 'yogacache[sources]'") from None
-        return zstandard.ZstdDecompressor().stream_reader(stream, read_across_frames=True)
-    return stream
+        return "zstd"
+    return None
 
 
 def _corrupt(where: str, member: Optional[str], error: BaseException) -> CorruptSourceError:
@@ -114,7 +199,7 @@ def tar_members(stream: BinaryIO, where: str, budget: ByteBudget) -> Iterator[Me
     member: Optional[str] = None
     try:
         zstd_errors = _zstd_errors()
-        with tarfile.open(fileobj=_decompressed(stream, where), mode="r|*") as archive:
+        with tarfile.open(fileobj=DecompressedStream(stream), mode="r|") as archive:
             for info in archive:
                 member = info.name
                 if not info.isreg():

@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import io
 import os
+import queue
+import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO, Callable, Iterator, Optional, Protocol
+from typing import Any, BinaryIO, Callable, Iterator, Optional, Protocol, Union
 
 from yogacache.sources.errors import SourceChangedError, SourceError
 from yogacache.sources.urls import Location
@@ -331,6 +333,65 @@ class RangedFile(io.RawIOBase):
         view[:count] = data
         self._position += count
         return count
+
+
+class ReadAhead:
+    """Reads a stream on a thread, up to ``ahead`` bytes before its reader, so that the network
+    and the decoding overlap; the thread's error is raised to the reader."""
+
+    def __init__(self, stream: Any, chunk: int = 1 << 20, ahead: int = 64 << 20) -> None:
+        self._stream = stream
+        self._chunks: queue.Queue[Union[bytes, BaseException]] = queue.Queue(maxsize=max(1, ahead // chunk))
+        self._buffer = b""
+        self._done = False
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._pump, args=(chunk,), daemon=True, name="yogacache-read-ahead")
+        self._thread.start()
+
+    def _pump(self, chunk: int) -> None:
+        try:
+            while not self._stop.is_set():
+                data = self._stream.read(chunk)
+                self._put(data)
+                if not data:
+                    return
+        except BaseException as error:  # handed to the reader
+            self._put(error)
+
+    def _put(self, item: Union[bytes, BaseException]) -> None:
+        while not self._stop.is_set():
+            try:
+                self._chunks.put(item, timeout=0.1)
+                return
+            except queue.Full:
+                continue
+
+    def _next(self) -> bytes:
+        item = self._chunks.get()
+        if isinstance(item, BaseException):
+            self._done = True
+            raise item
+        if not item:
+            self._done = True
+        return item
+
+    def read(self, size: int = -1) -> bytes:
+        if size is None or size < 0:
+            parts = [self._buffer]
+            while not self._done:
+                parts.append(self._next())
+            self._buffer = b""
+            return b"".join(parts)
+        while len(self._buffer) < size and not self._done:
+            more = self._next()
+            self._buffer = self._buffer + more if self._buffer else more
+        data, self._buffer = self._buffer[:size], self._buffer[size:]
+        return data
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        self._stream.close()
 
 
 class _GuardedStream:

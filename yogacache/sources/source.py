@@ -35,7 +35,7 @@ from yogacache.sources.formats import (
     webdataset_samples,
     zip_members,
 )
-from yogacache.sources.objects import Accessors, ObjectRef
+from yogacache.sources.objects import Accessors, ObjectRef, ReadAhead
 from yogacache.sources.urls import Location, expand_braces, parse_location
 
 SOURCES_EXTRA_KEY = "sources"
@@ -366,7 +366,7 @@ class ObjectSource:
                 handle.close()
             on_bytes(ref.size)
             return
-        stream = _CountingStream(access.open_stream(ref), on_bytes)
+        stream = _CountingStream(ReadAhead(access.open_stream(ref)), on_bytes)
         try:
             members = tar_members(stream, where, budget)  # type: ignore[arg-type]
             yield from (webdataset_samples(members, where) if fmt == "webdataset" else file_records(members))
