@@ -78,13 +78,13 @@ def test_an_object_overwritten_mid_build_fails_the_build(tmp_path: Path, s3_serv
         put(s3_server, bucket, f"wds/{path.name}", path.read_bytes())
     source = from_url(f"s3://{bucket}/wds/", endpoint_url=s3_server.endpoint_url)
 
-    def overwrite_the_next_shard(objects: int, size: int, records: int) -> None:
-        if objects == 1:  # the first shard is cached, the second not yet read
-            put(s3_server, bucket, "wds/train-000001.tar", tar_bytes({"other.jpg": b"new data"}))
+    def overwrite_a_later_shard(objects: int, size: int, records: int) -> None:
+        if objects == 1:  # the first shard is cached, the third not yet asked for (one is read ahead)
+            put(s3_server, bucket, "wds/train-000002.tar", tar_bytes({"other.jpg": b"new data"}))
 
-    source.progress = overwrite_the_next_shard
+    source.progress = overwrite_a_later_shard
     storage = tmp_path / "caches"
-    with pytest.raises(SourceChangedError, match=r"train-000001\.tar changed while it was read .*overwritten"):
+    with pytest.raises(SourceChangedError, match=r"train-000002\.tar changed while it was read .*overwritten"):
         cache_from(storage, source)
     assert cache_files(storage) == []
 

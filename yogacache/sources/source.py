@@ -13,6 +13,8 @@ import hashlib
 import json
 import os
 import posixpath
+import queue
+import threading
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -312,26 +314,41 @@ class ObjectSource:
         def on_bytes(count: int) -> None:
             state["bytes"] += count
 
+        produced = _Background(self._records(refs, budget, fields, state, on_bytes))
         try:
-            yield from self._records(refs, budget, fields, state, on_bytes)
+            yield from produced
         finally:
+            produced.close()
             self._prefetch.close()
 
     def _records(self, refs: list[ObjectRef], budget: ByteBudget, fields: _FieldSet, state: dict[str, int],
                  on_bytes: Callable[[int], None]) -> Iterator[dict[str, Any]]:
-        for ref in refs:
-            where = f"source object {ref.url}"
-            for sample in self._samples(ref, where, budget, on_bytes):
-                sample = fields.apply(sample, where)
-                if self._lookup is not None:
-                    sample = decode_sample(sample, self._lookup, where)
-                state["records"] += 1
-                yield sample
-                if self.progress is not None and state["records"] % 64 == 0:
+        opened: dict[int, ReadAhead] = {}  # the next tar object's GET starts while this one decodes
+        try:
+            for index, ref in enumerate(refs):
+                self._open_next_tar(refs, index + 1, opened)
+                where = f"source object {ref.url}"
+                for sample in self._samples(ref, where, budget, on_bytes, opened.pop(index, None)):
+                    sample = fields.apply(sample, where)
+                    if self._lookup is not None:
+                        sample = decode_sample(sample, self._lookup, where)
+                    state["records"] += 1
+                    yield sample
+                    if self.progress is not None and state["records"] % 64 == 0:
+                        self.progress(state["objects"], state["bytes"], state["records"])
+                state["objects"] += 1
+                if self.progress is not None:
                     self.progress(state["objects"], state["bytes"], state["records"])
-            state["objects"] += 1
-            if self.progress is not None:
-                self.progress(state["objects"], state["bytes"], state["records"])
+        finally:
+            for stream in opened.values():
+                stream.close()
+
+    def _open_next_tar(self, refs: list[ObjectRef], index: int, opened: dict[int, ReadAhead]) -> None:
+        if index < len(refs) and index not in opened and archive_kind(refs[index].name) == "tar" and (
+            self._format_of(refs[index]) in ("webdataset", "archive")
+        ):
+            ref = refs[index]
+            opened[index] = ReadAhead(self.access(ref.location.scheme).open_stream(ref))
 
     def _field_names(self, fmt: str) -> Callable[[list[str]], None]:
         """Fixes the field set from a zip's central directory, before its first record."""
@@ -349,8 +366,8 @@ class ObjectSource:
         names = {file_field(ref.name) for ref in refs}
         return sorted(names | ({"cls"} if self.format == "imagefolder" else set()))
 
-    def _samples(self, ref: ObjectRef, where: str, budget: ByteBudget,
-                 on_bytes: Callable[[int], None]) -> Iterator[dict[str, Any]]:
+    def _samples(self, ref: ObjectRef, where: str, budget: ByteBudget, on_bytes: Callable[[int], None],
+                 opened: Optional[ReadAhead] = None) -> Iterator[dict[str, Any]]:
         fmt = self._format_of(ref)
         access = self.access(ref.location.scheme)
         if fmt in ("files", "imagefolder"):
@@ -366,7 +383,7 @@ class ObjectSource:
                 handle.close()
             on_bytes(ref.size)
             return
-        stream = _CountingStream(ReadAhead(access.open_stream(ref)), on_bytes)
+        stream = _CountingStream(opened or ReadAhead(access.open_stream(ref)), on_bytes)
         try:
             members = tar_members(stream, where, budget)  # type: ignore[arg-type]
             yield from (webdataset_samples(members, where) if fmt == "webdataset" else file_records(members))
@@ -419,6 +436,55 @@ class ObjectSource:
         if not classes:
             raise SourceError(f"format='imagefolder' found no class directories under {', '.join(self.urls)}")
         return {name: index for index, name in enumerate(classes)}
+
+
+class _Background:
+    """Runs a generator on a thread, ``depth`` items ahead of its consumer, so that reading and
+    decompressing the sources overlaps encoding and writing the cache (inflate, socket reads,
+    LMDB writes and hashing release the GIL). Its exception is raised to the consumer; closing
+    stops the thread and closes the generator there."""
+
+    _DONE = object()
+
+    def __init__(self, generator: Iterator[Any], depth: int = 256) -> None:
+        self._generator = generator
+        self._queue: queue.Queue[Any] = queue.Queue(maxsize=depth)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True, name="yogacache-source")
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            for item in self._generator:
+                if not self._put((True, item)):
+                    return
+            self._put((True, self._DONE))
+        except BaseException as error:  # handed to the consumer
+            self._put((False, error))
+        finally:
+            self._generator.close()  # type: ignore[attr-defined]
+
+    def _put(self, item: Any) -> bool:
+        while not self._stop.is_set():
+            try:
+                self._queue.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def __iter__(self) -> Iterator[Any]:
+        while True:
+            ok, item = self._queue.get()
+            if not ok:
+                raise item
+            if item is self._DONE:
+                return
+            yield item
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join()
 
 
 class _Prefetch:
