@@ -237,3 +237,24 @@ def test_no_objects_and_bad_arguments_are_clear_errors(tmp_path: Path) -> None:
     with pytest.raises(SourceError, match="is not an archive"):
         cache_from(tmp_path / "c", from_url(str(plain), format="webdataset"))
     assert isinstance(tarfile.TarError(), Exception)
+
+
+def test_yogadl_facade_submit_and_cacheable_take_object_sources(tmp_path: Path) -> None:
+    from yogacache.storage import LFSConfigurations, LFSStorage
+
+    path = tmp_path / "s.tar"
+    path.write_bytes(tar_bytes({"a.cls": b"1", "b.cls": b"2"}))
+    (tmp_path / "lfs").mkdir()
+    storage = LFSStorage(LFSConfigurations(str(tmp_path / "lfs")))
+    storage.submit(from_url(str(path)), "objs", "v1")
+    assert [bytes(r["cls"]) for r in storage.fetch("objs", "v1").stream()] == [b"1", b"2"]
+    assert storage.store.manifest("objs", "v1").extra["sources"]["objects"][0]["url"] == str(path)
+
+    @storage.cacheable("objs", "v2")
+    def make() -> object:
+        return from_url(str(path))
+
+    assert [bytes(r["cls"]) for r in make().stream()] == [b"1", b"2"]
+    path.write_bytes(tar_bytes({"a.cls": b"9"}))
+    with pytest.raises(SourceChangedError, match="objs:v2 changed since it was built"):
+        make()  # the cache hit notices the changed source
