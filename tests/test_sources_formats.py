@@ -258,3 +258,23 @@ def test_yogadl_facade_submit_and_cacheable_take_object_sources(tmp_path: Path) 
     path.write_bytes(tar_bytes({"a.cls": b"9"}))
     with pytest.raises(SourceChangedError, match="objs:v2 changed since it was built"):
         make()  # the cache hit notices the changed source
+
+
+def test_importing_sources_and_reading_local_files_loads_no_cloud_library(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    path = tmp_path / "s.tar"
+    path.write_bytes(tar_bytes({"a.cls": b"1"}))
+    script = (
+        "import sys\n"
+        "import yogacache.dataref\n"
+        "from yogacache.sources import from_url\n"
+        f"records = list(from_url({str(path)!r}).records())\n"
+        "assert len(records) == 1, records\n"
+        "bad = [m for m in ('boto3', 'botocore', 'google.cloud', 'tensorflow', 'torch') if m in sys.modules]\n"
+        "assert not bad, bad\n"
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                            cwd=str(Path(__file__).resolve().parent.parent))
+    assert result.returncode == 0, result.stderr[-2000:]

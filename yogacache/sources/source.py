@@ -484,7 +484,7 @@ class _Background:
 
     def close(self) -> None:
         self._stop.set()
-        self._thread.join()
+        self._thread.join(timeout=60)  # a read stuck on the network ends with its own timeout
 
 
 class _Prefetch:
