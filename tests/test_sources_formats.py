@@ -278,3 +278,44 @@ def test_importing_sources_and_reading_local_files_loads_no_cloud_library(tmp_pa
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
                             cwd=str(Path(__file__).resolve().parent.parent))
     assert result.returncode == 0, result.stderr[-2000:]
+
+
+@pytest.mark.parametrize("tar_format", [tarfile.USTAR_FORMAT, tarfile.GNU_FORMAT, tarfile.PAX_FORMAT])
+def test_tar_reader_reads_what_tarfile_writes(tmp_path: Path, tar_format: int) -> None:
+    """Long names (GNU 'L' entries, pax paths, ustar prefixes), non-ASCII names, directories and
+    links: the members read are tarfile's own regular files, byte for byte."""
+    long_dir = "d" * 90 + "/" + "e" * 60
+    members = {f"{long_dir}/sample.jpg": b"long", "ünï/çödé.txt": b"unicode", "plain/a.bin": bytes(range(256)) * 3}
+    if tar_format == tarfile.USTAR_FORMAT:
+        members = {k: v for k, v in members.items() if k.isascii()}
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w", format=tar_format) as archive:
+        directory = tarfile.TarInfo("plain")
+        directory.type = tarfile.DIRTYPE
+        archive.addfile(directory)
+        for name, data in members.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            archive.addfile(info, io.BytesIO(data))
+        link = tarfile.TarInfo("plain/link.bin")
+        link.type, link.linkname = tarfile.SYMTYPE, "a.bin"
+        archive.addfile(link)
+    path = tmp_path / "t.tar"
+    path.write_bytes(buffer.getvalue())
+    records = read_back(cache_from(tmp_path / "c", from_url(str(path), format="archive",
+                                                             fields=["jpg", "txt", "bin"])))
+    got = {bytes(r["__key__"]).decode(): r for r in records}
+    assert sorted(got) == sorted(members)
+    for name, data in members.items():
+        assert bytes(got[name][name.rsplit(".", 1)[1]]) == data
+
+
+def test_a_damaged_tar_header_is_named_not_misread(tmp_path: Path) -> None:
+    data = bytearray(tar_bytes({"a.txt": b"first", "b.txt": b"second"}))
+    second_header = 512 + 512  # a.txt's header and its one block of data
+    data[second_header + 10] ^= 0xFF  # a byte of b.txt's name: the checksum no longer matches
+    path = tmp_path / "bad.tar"
+    path.write_bytes(bytes(data))
+    with pytest.raises(CorruptSourceError, match=r"bad\.tar is corrupt or truncated at member 'a\.txt'.*checksum"):
+        cache_from(tmp_path / "c", from_url(str(path), format="archive"))
+    assert cache_files(tmp_path / "c") == []
