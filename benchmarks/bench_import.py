@@ -10,9 +10,10 @@ them, then measures in one run:
 2. plain GET: boto3 ``get_object`` of every shard, body read and dropped (what the server gives);
 3. webdataset: ``webdataset.WebDataset`` over presigned http URLs of the same objects (its curl
    opener), every sample iterated;
-4. yogacache import: ``import_source`` of ``s3://.../shard-{...}`` into a local cache store
+4. yogacache's source alone: ``from_url(...).records()`` iterated (what webdataset's reader does);
+5. yogacache import: ``import_source`` of ``s3://.../shard-{...}`` into a local cache store
    (list, conditional streamed GETs, decode, group, encode, LMDB write, seal);
-5. the freshness check a cache hit makes, with its request count.
+6. the freshness check a cache hit makes, with its request count.
 
 Usage: ``.venv/bin/python benchmarks/bench_import.py [--gib 2.0] [--compression gz]``.
 """
@@ -185,8 +186,13 @@ def main() -> None:
         assert read == samples, (read, samples)
         rows.append(("webdataset.WebDataset (curl over http)", seconds, samples))
 
-        store = open_store(str(workdir / "caches"), show_progress=False)
         pattern = f"s3://bench-shards/imagenet/shard-{{000000..{len(keys) - 1:06d}}}{suffix}"
+        reading = from_url(pattern, endpoint_url=endpoint)
+        seconds, read = timed(lambda: sum(1 for _ in reading.records()))
+        assert read == samples
+        rows.append(("yogacache from_url records only (no cache write)", seconds, samples))
+
+        store = open_store(str(workdir / "caches"), show_progress=False)
         source = from_url(pattern, endpoint_url=endpoint)
         seconds, result = timed(lambda: import_source(store, "imagenet", source, "auto", show_progress=False))
         assert result.manifest.num_records == samples
