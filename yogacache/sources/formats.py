@@ -110,7 +110,8 @@ class DecompressedStream:
         if self._make == "zstd":  # zstandard's reader bounds its own output
             import zstandard
 
-            self._raw = zstandard.ZstdDecompressor().stream_reader(_Prefixed(self._input, raw), read_across_frames=True)
+            prefixed: Any = _Prefixed(self._input, raw)
+            self._raw = zstandard.ZstdDecompressor().stream_reader(prefixed, read_across_frames=True)
             self._make, self._input = None, b""
         self._decompressor: Any = self._make() if callable(self._make) else None
         self._started = bool(self._input)
@@ -133,7 +134,7 @@ class DecompressedStream:
         self._input = getattr(d, "unconsumed_tail", b"")
         if d.eof:  # a member ended: what follows is the next member, or the end
             self._input = d.unused_data + self._input
-            self._decompressor = self._make()  # type: ignore[misc]
+            self._decompressor = self._make()  # type: ignore[misc,operator]
             self._started = bool(self._input)
         return out
 
