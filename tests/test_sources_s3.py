@@ -240,3 +240,13 @@ def test_imagefolder_from_an_s3_prefix(tmp_path: Path, s3_server: S3Server, buck
         field = key.rsplit(".", 1)[1]
         assert bytes(record[field]) == files["pets/" + key] and int(record["cls"]) == table[key.split("/")[0]]
         assert all(bytes(record[other]) == b"" for other in ("jpg", "png") if other != field)
+
+
+def test_an_unreachable_endpoint_is_a_clear_error_without_secrets(s3_server: S3Server) -> None:
+    from tests.servers import free_port
+    from yogacache.sources import SourceError
+
+    source = from_url("s3://some-bucket/x.tar", endpoint_url=f"http://127.0.0.1:{free_port()}")
+    with pytest.raises(SourceError, match=r"x\.tar: cannot connect to the S3 endpoint http://127\.0\.0\.1") as caught:
+        source.objects()
+    assert s3_server.secret_key not in str(caught.value) and s3_server.access_key not in str(caught.value)

@@ -105,6 +105,7 @@ class S3Access:
         except ImportError:
             raise ImportError("reading s3:// sources needs boto3: pip install 'yogacache[s3]'") from None
         self._errors = botocore.exceptions
+        self._failures = (botocore.exceptions.ClientError, botocore.exceptions.BotoCoreError)
         config = botocore.config.Config(retries={"mode": "standard", "max_attempts": 5}, max_pool_connections=16)
         self._client = boto3.session.Session().client("s3", endpoint_url=endpoint_url, config=config)
         self.requests = 0
@@ -124,6 +125,12 @@ class S3Access:
             )
         if code in ("404", "NoSuchKey", "NoSuchVersion", "NotFound"):
             return SourceChangedError(f"source object {url} does not exist (or no longer exists)")
+        if isinstance(error, (self._errors.NoCredentialsError, self._errors.PartialCredentialsError)):
+            return SourceError(f"cannot read source object {url}: no S3 credentials; set AWS_ACCESS_KEY_ID/"
+                               "AWS_SECRET_ACCESS_KEY or AWS_PROFILE")
+        if isinstance(error, self._errors.EndpointConnectionError):
+            return SourceError(f"cannot read source object {url}: cannot connect to the S3 endpoint "
+                               f"{self._client.meta.endpoint_url} (endpoint_url= or AWS_ENDPOINT_URL)")
         return SourceError(f"cannot read source object {url}: {code or type(error).__name__}")
 
     def list(self, prefix: Location) -> list[ObjectRef]:
@@ -134,7 +141,7 @@ class S3Access:
             self.requests += 1
             try:
                 page = self._client.list_objects_v2(Bucket=prefix.bucket, Prefix=prefix.key, MaxKeys=LIST_PAGE, **extra)
-            except self._errors.ClientError as error:
+            except self._failures as error:
                 raise self._fail(error, prefix.url) from None
             for item in page.get("Contents", []):
                 found.append(ObjectRef(prefix.child(item["Key"]), int(item["Size"]), _strip_etag(item.get("ETag"))))
@@ -148,7 +155,7 @@ class S3Access:
         extra = {"VersionId": version_id} if version_id else {}
         try:
             answer = self._client.head_object(Bucket=location.bucket, Key=location.key, **extra)
-        except self._errors.ClientError as error:
+        except self._failures as error:
             if self._code(error) in ("404", "NoSuchKey", "NoSuchVersion", "NotFound", "400"):
                 return None
             raise self._fail(error, location.url) from None
@@ -162,7 +169,7 @@ class S3Access:
             extra["VersionId"] = ref.version_id
         try:
             answer = self._client.get_object(Bucket=ref.location.bucket, Key=ref.location.key, **extra)
-        except self._errors.ClientError as error:
+        except self._failures as error:
             raise self._fail(error, ref.url, ref) from None
         if answer.get("VersionId") and answer["VersionId"] != "null":  # a versioned bucket
             self.versions[ref.url] = answer["VersionId"]
@@ -191,7 +198,14 @@ class GCSAccess:
                 "reading gs:// sources needs google-cloud-storage: pip install 'yogacache[gcs]'"
             ) from None
         self._gexc = gexc
-        self._client = gcs.Client()
+        try:
+            self._client = gcs.Client()
+        except Exception as error:  # google.auth's DefaultCredentialsError, a missing project
+            raise SourceError(
+                f"cannot open Google Cloud Storage for gs:// sources ({type(error).__name__}): set "
+                "GOOGLE_APPLICATION_CREDENTIALS, run 'gcloud auth application-default login', or set "
+                "STORAGE_EMULATOR_HOST for an emulator"
+            ) from None
         self.requests = 0
 
     def _fail(self, error: BaseException, url: str, ref: Optional[ObjectRef] = None) -> SourceError:
