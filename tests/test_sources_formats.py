@@ -319,3 +319,26 @@ def test_a_damaged_tar_header_is_named_not_misread(tmp_path: Path) -> None:
     with pytest.raises(CorruptSourceError, match=r"bad\.tar is corrupt or truncated at member 'a\.txt'.*checksum"):
         cache_from(tmp_path / "c", from_url(str(path), format="archive"))
     assert cache_files(tmp_path / "c") == []
+
+
+def test_import_of_an_existing_version_follows_on_source_change(tmp_path: Path) -> None:
+    from yogacache.sources.importer import import_source
+    from yogacache.store import open_store
+
+    path = tmp_path / "s.tar"
+    path.write_bytes(tar_bytes({"a.txt": b"old"}))
+    store = open_store(str(tmp_path / "caches"), show_progress=False)
+    first = import_source(store, "d", from_url(str(path)), "v1", show_progress=False)
+    assert first.outcome == "built"
+    assert import_source(store, "d", from_url(str(path)), "v1", show_progress=False).outcome == "cached"
+    os.utime(path, ns=(1, 1))  # same bytes, other modification time: a change as far as pins tell
+    with pytest.raises(SourceChangedError, match=r"s\.tar: mtime_ns"):
+        import_source(store, "d", from_url(str(path)), "v1", show_progress=False)
+    stale = import_source(store, "d", from_url(str(path)), "v1", on_source_change="warn", show_progress=False)
+    assert stale.outcome == "stale" and stale.manifest.build_id == first.manifest.build_id
+    path.write_bytes(tar_bytes({"a.txt": b"new!"}))
+    rebuilt = import_source(store, "d", from_url(str(path)), "v1", on_source_change="rebuild", show_progress=False)
+    assert rebuilt.outcome == "rebuilt" and rebuilt.manifest.build_id != first.manifest.build_id
+    pins = rebuilt.manifest.extra["sources"]["objects"][0]
+    assert pins["mtime_ns"] == path.stat().st_mtime_ns != first.manifest.extra["sources"]["objects"][0]["mtime_ns"]
+    assert import_source(store, "d", from_url(str(path)), "v1", show_progress=False).outcome == "cached"
