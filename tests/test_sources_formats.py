@@ -342,3 +342,11 @@ def test_import_of_an_existing_version_follows_on_source_change(tmp_path: Path) 
     pins = rebuilt.manifest.extra["sources"]["objects"][0]
     assert pins["mtime_ns"] == path.stat().st_mtime_ns != first.manifest.extra["sources"]["objects"][0]["mtime_ns"]
     assert import_source(store, "d", from_url(str(path)), "v1", show_progress=False).outcome == "cached"
+
+
+def test_a_source_without_records_is_an_error_and_caches_nothing(tmp_path: Path) -> None:
+    path = tmp_path / "empty.tar"
+    path.write_bytes(tar_bytes({}))
+    with pytest.raises(SourceError, match=r"empty\.tar hold no records; nothing was cached"):
+        cache_from(tmp_path / "c", from_url(str(path)))
+    assert cache_files(tmp_path / "c") == []

@@ -10,6 +10,7 @@ the version listed (``objects``). What it read is recorded in the manifest's ``e
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import os
 import posixpath
@@ -20,8 +21,9 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Optional, Sequence, Union
 
+from yogacache.format.codec import RecordCodec
 from yogacache.format.sources import PythonSource
-from yogacache.format.spec import Spec
+from yogacache.format.spec import Spec, TensorSpec, flattener, infer_spec
 from yogacache.format.writer import BuildLimits
 from yogacache.sources.decoders import Decode, decode_sample, decoder_table
 from yogacache.sources.errors import SourceChangedError, SourceError
@@ -44,6 +46,8 @@ SOURCES_EXTRA_KEY = "sources"
 PINS_VERSION = 1
 FORMATS = ("auto", "webdataset", "archive", "files", "imagefolder")
 ON_SOURCE_CHANGE = ("error", "rebuild", "warn", "ignore")
+ENCODE_BATCH = 256
+ENCODE_BATCH_BYTES = 8 << 20
 ProgressCallback = Callable[[int, int, int], None]  # objects done, source bytes read, records
 
 
@@ -118,6 +122,7 @@ class ObjectSource:
         self._prefixes: list[str] = []
         self._classes: Optional[dict[str, int]] = None
         self._python: Optional[PythonSource] = None
+        self._spec: Optional[Spec] = None
         self._fieldset: Optional[_FieldSet] = None
         self._prefetch = _Prefetch([], self._read_whole)
 
@@ -268,13 +273,40 @@ class ObjectSource:
 
     # -- RecordSource ----------------------------------------------------------------------------
     def spec(self) -> Spec:
+        if self._spec is not None:
+            return self._spec
         if self._python is None:
             raise SourceError("the source has not been read yet")
         return self._python.spec()
 
     def encoded_batches(self) -> Iterator[list[bytes]]:
-        self._python = PythonSource(self.records())
+        if self._lookup is None:
+            return self._encode_uniform()
+        self._python = PythonSource(self.records())  # decoded values: shapes and types may vary
         return self._python.encoded_batches()
+
+    def _encode_uniform(self) -> Iterator[list[bytes]]:
+        """Records of raw fields all have the first one's structure (``_FieldSet`` sees to it) and
+        scalar leaves: the spec is inferred once, not generalized record by record."""
+        records = self.records()
+        first = next(records, None)
+        if first is None:
+            raise SourceError(f"the sources at {', '.join(self.urls)} hold no records; nothing was cached")
+        spec = infer_spec(first)
+        codec = RecordCodec(_any_shape(spec))
+        flat = flattener(spec)
+        self._spec = spec
+        batch: list[bytes] = []
+        size = 0
+        for element in itertools.chain([first], records):
+            encoded = codec.encode(flat(element))
+            batch.append(encoded)
+            size += len(encoded)
+            if len(batch) >= ENCODE_BATCH or size >= ENCODE_BATCH_BYTES:
+                yield batch
+                batch, size = [], 0
+        if batch:
+            yield batch
 
     # -- records ---------------------------------------------------------------------------------
     def _limit(self) -> int:
@@ -436,6 +468,15 @@ class ObjectSource:
         if not classes:
             raise SourceError(f"format='imagefolder' found no class directories under {', '.join(self.urls)}")
         return {name: index for index, name in enumerate(classes)}
+
+
+def _any_shape(spec: Spec) -> Spec:
+    """``spec`` with every shape unknown (as a Python source's codec takes its elements)."""
+    if isinstance(spec, TensorSpec):
+        return TensorSpec(spec.dtype, None)
+    if isinstance(spec, dict):
+        return {key: _any_shape(value) for key, value in spec.items()}
+    return tuple(_any_shape(item) for item in spec)
 
 
 class _Background:
