@@ -91,7 +91,10 @@ def test_generation_parameter_pins_that_generation(tmp_path: Path, bucket: Any) 
     generation = upload(bucket, "g.zip", archive_bytes({"a.txt": b"x"}, ".zip"))
     url = f"gs://{bucket.name}/g.zip"
     ref = cache_from(tmp_path / "c1", from_url(url, generation=generation))
-    assert ref.manifest.extra["sources"]["objects"][0]["generation"] == generation
+    pin = ref.manifest.extra["sources"]["objects"][0]
+    assert pin["generation"] == generation and pin["fixed"] is True
+    check = check_pins(ref.manifest.extra["sources"])
+    assert not check.changed and check.requests == 1  # one GET of that generation's metadata
     with pytest.raises(SourceError, match=r"g\.zip \(that version\) does not exist"):
         cache_from(tmp_path / "c2", from_url(url, generation=generation + 1))
     assert cache_files(tmp_path / "c2") == []

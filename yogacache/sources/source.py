@@ -226,7 +226,7 @@ class ObjectSource:
         objects = []
         for ref in self.objects():
             pin = ref.pin()
-            if self.version_id:
+            if self.version_id or self.generation is not None:
                 pin["fixed"] = True  # asked for by version: a later write to the key is no change
             elif ref.url in self._read_versions():
                 pin["version_id"] = self._read_versions()[ref.url]
