@@ -76,9 +76,9 @@ def check_pins(pins: dict[str, Any], access: Optional[Accessors] = None) -> Sour
                 if inside and url not in pinned and not url.endswith("/"):
                     check.changes.append(f"{url}: added")
         for ref in by_head:
-            pinned = ref.url in fixed
-            current[ref.url] = storage.head(ref.location, version_id=ref.version_id if pinned else None,
-                                            generation=ref.generation if pinned else None)
+            by_version = ref.url in fixed
+            current[ref.url] = storage.head(ref.location, version_id=ref.version_id if by_version else None,
+                                            generation=ref.generation if by_version else None)
         for ref in members:
             now = current.get(ref.url)
             differences = ref.differences(now)
