@@ -350,3 +350,23 @@ def test_a_source_without_records_is_an_error_and_caches_nothing(tmp_path: Path)
     with pytest.raises(SourceError, match=r"empty\.tar hold no records; nothing was cached"):
         cache_from(tmp_path / "c", from_url(str(path)))
     assert cache_files(tmp_path / "c") == []
+
+
+def test_rebuild_uses_a_cache_another_process_already_rebuilt(tmp_path: Path) -> None:
+    from yogacache.sources.freshness import ensure_fresh
+    from yogacache.store import open_store
+
+    path = tmp_path / "s.tar"
+    path.write_bytes(tar_bytes({"a.txt": b"old"}))
+    store = open_store(str(tmp_path / "caches"), show_progress=False)
+    store.build("d", "v1", from_url(str(path), on_source_change="rebuild"))
+    stale = store.open("d", "v1")
+    path.write_bytes(tar_bytes({"a.txt": b"newer"}))
+    rebuilt = store.build("d", "v1", from_url(str(path), on_source_change="rebuild"))  # another rank
+
+    def must_not_build() -> object:
+        raise AssertionError("built again")
+
+    fresh = ensure_fresh(store, "d", "v1", stale, must_not_build)
+    assert fresh.manifest.build_id == rebuilt.build_id
+    fresh.close()

@@ -133,5 +133,10 @@ def ensure_fresh(
     log.warning("rebuilding %s:%s: its source objects changed (%s)", dataset_id, dataset_version,
                 "; ".join(check.changes[:SHOWN_CHANGES]))
     reader.close()
+    current = store.manifest(dataset_id, dataset_version)
+    if current.build_id != reader.manifest.build_id:  # another process rebuilt it meanwhile
+        pins = pins_of(current)
+        if pins is not None and not check_pins(pins).changed:
+            return store.open(dataset_id, dataset_version)
     store.build(dataset_id, dataset_version, make_data())
     return store.open(dataset_id, dataset_version)
