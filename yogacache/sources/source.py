@@ -19,7 +19,7 @@ import threading
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping, Optional, Sequence, Union
+from typing import Any, Callable, Generator, Iterator, Mapping, Optional, Sequence, Union
 
 from yogacache.format.codec import RecordCodec
 from yogacache.format.sources import PythonSource
@@ -289,24 +289,27 @@ class ObjectSource:
         """Records of raw fields all have the first one's structure (``_FieldSet`` sees to it) and
         scalar leaves: the spec is inferred once, not generalized record by record."""
         records = self.records()
-        first = next(records, None)
-        if first is None:
-            raise SourceError(f"the sources at {', '.join(self.urls)} hold no records; nothing was cached")
-        spec = infer_spec(first)
-        codec = RecordCodec(_any_shape(spec))
-        flat = flattener(spec)
-        self._spec = spec
-        batch: list[bytes] = []
-        size = 0
-        for element in itertools.chain([first], records):
-            encoded = codec.encode(flat(element))
-            batch.append(encoded)
-            size += len(encoded)
-            if len(batch) >= ENCODE_BATCH or size >= ENCODE_BATCH_BYTES:
+        try:
+            first = next(records, None)
+            if first is None:
+                raise SourceError(f"the sources at {', '.join(self.urls)} hold no records; nothing was cached")
+            spec = infer_spec(first)
+            codec = RecordCodec(_any_shape(spec))
+            flat = flattener(spec)
+            self._spec = spec
+            batch: list[bytes] = []
+            size = 0
+            for element in itertools.chain([first], records):
+                encoded = codec.encode(flat(element))
+                batch.append(encoded)
+                size += len(encoded)
+                if len(batch) >= ENCODE_BATCH or size >= ENCODE_BATCH_BYTES:
+                    yield batch
+                    batch, size = [], 0
+            if batch:
                 yield batch
-                batch, size = [], 0
-        if batch:
-            yield batch
+        finally:
+            records.close()  # stops the reading threads at once when the writer gives up
 
     # -- records ---------------------------------------------------------------------------------
     def _limit(self) -> int:
@@ -328,7 +331,7 @@ class ObjectSource:
             )
         return self.format
 
-    def records(self) -> Iterator[dict[str, Any]]:
+    def records(self) -> Generator[dict[str, Any], None, None]:
         """Every record, object by object, in listing order."""
         refs = self.objects()
         if self.format == "imagefolder":  # as torchvision: files outside a class directory are no samples
