@@ -298,6 +298,8 @@ def cmd_info(store: Store, args: argparse.Namespace) -> int:
     print(f"created:     {_created(manifest)}")
     print(f"build id:    {manifest.build_id}")
     print(f"writer:      {manifest.writer_version} (format {manifest.format_version}, from {manifest.source})")
+    for line in _source_pin_lines(manifest):
+        print(line)
     print("element:")
     leaves = spec_lines(manifest.element_spec)
     width = max(len(path) for path, _, _ in leaves)
@@ -308,6 +310,8 @@ def cmd_info(store: Store, args: argparse.Namespace) -> int:
 
 
 def cmd_verify(store: Store, args: argparse.Namespace) -> int:
+    if getattr(args, "check_source", False):
+        return _verify_source(store, args)
     manifest = store.verify(args.dataset_id, args.version)
     print(
         f"ok: {manifest.dataset_id} {manifest.dataset_version}: {len(manifest.parts)} part(s), "
@@ -503,6 +507,84 @@ def cmd_export(store: Store, args: argparse.Namespace) -> int:
     return 0
 
 
+# -- object sources (yogacache.sources) ----------------------------------------------------------
+def _source_pin_lines(manifest: Manifest) -> list[str]:
+    from yogacache.sources.importer import pin_lines
+
+    return pin_lines(manifest)
+
+
+def _verify_source(store: Store, args: argparse.Namespace) -> int:
+    from yogacache.sources.importer import verify_sources
+
+    check = verify_sources(store.manifest(args.dataset_id, args.version))
+    print(
+        f"ok: {args.dataset_id} {args.version}: {check.objects:,} source object(s) unchanged "
+        f"({check.requests} request(s))"
+    )
+    return 0
+
+
+def cmd_import(store: Store, args: argparse.Namespace) -> int:
+    from yogacache.sources import from_url
+    from yogacache.sources.importer import import_source
+
+    target = args.storage or os.environ.get(STORAGE_ENV) or None
+    # The import draws its own progress line (objects, bytes, records): the build's stays off.
+    quiet_store = open_store(target, endpoint_url=args.endpoint_url, local_cache=args.local_cache, show_progress=False)
+    source = from_url(
+        args.sources,
+        format=args.format,
+        etag=args.etag,
+        version_id=args.version_id,
+        generation=args.generation,
+        fields=args.fields.split(",") if args.fields else None,
+        on_source_change=args.on_source_change,
+        max_bytes=args.max_bytes,
+        endpoint_url=args.source_endpoint_url or args.endpoint_url,
+    )
+    result = import_source(quiet_store, args.dataset_id, source, args.cache_version)
+    manifest = result.manifest
+    where = quiet_store.location(manifest.dataset_id, manifest.dataset_version)
+    if result.outcome == "stale":
+        print(f"yogacache: warning: the sources of {manifest.dataset_id} {manifest.dataset_version} changed since "
+              f"it was built ({'; '.join(result.check.changes[:5]) if result.check else ''}); kept the cache",
+              file=sys.stderr)
+    verb = {"built": "imported", "rebuilt": "re-imported", "cached": "already cached", "stale": "kept"}[result.outcome]
+    print(
+        f"{verb} {manifest.dataset_id} {manifest.dataset_version}: {manifest.num_records:,} records, "
+        f"{format_bytes(manifest.total_size_bytes)} on disk, at {where}"
+    )
+    return 0
+
+
+def _add_import_command(command: Callable[..., argparse.ArgumentParser]) -> None:
+    made = command(
+        "import",
+        cmd_import,
+        "cache objects (WebDataset shards, archives, files) from S3, GCS or a directory, pinned",
+        "examples:\n"
+        "  yogacache import 's3://bucket/imagenet/train-{000000..000146}.tar' --id imagenet\n"
+        "  yogacache import gs://bucket/images/ --id pets --format imagefolder --version v1\n"
+        "  yogacache import s3://bucket/data.zip --id data --etag 9b2cf535f27731c974343645a3985328\n"
+        "\nThe cache records each object's URL, ETag, VersionId or generation and size; every read is\n"
+        "conditional on them. --version auto (the default) derives the version from the pins, so a\n"
+        "changed source gets a new cache. See docs/sources.md.",
+    )
+    made.add_argument("sources", nargs="+", metavar="SOURCE", help="URL, brace pattern, prefix/ or path")
+    made.add_argument("--id", dest="dataset_id", required=True, help="the cache's dataset id")
+    made.add_argument("--version", dest="cache_version", default="auto", help="cache version, or auto (default)")
+    made.add_argument("--format", default="auto", choices=["auto", "webdataset", "archive", "files", "imagefolder"])
+    made.add_argument("--etag", help="the ETag the (single) source object must have")
+    made.add_argument("--version-id", help="read this S3 VersionId of the single source object")
+    made.add_argument("--generation", type=int, help="read this GCS generation of the single source object")
+    made.add_argument("--fields", help="comma-separated fields every record has (default: the first sample's)")
+    made.add_argument("--on-source-change", default="error", choices=["error", "rebuild", "warn", "ignore"],
+                      help="when the cache exists and its sources changed (default: error)")
+    made.add_argument("--max-bytes", type=int, help="the most bytes the sources may expand to")
+    made.add_argument("--source-endpoint-url", help="S3 endpoint of the sources (default: --endpoint-url)")
+
+
 # -- errors ------------------------------------------------------------------------------------
 def _suggestions(store: Store, dataset_id: str, version: str) -> list[str]:
     """Caches whose names are close to the one asked for (``n20000`` -> ``n20000_train``)."""
@@ -627,6 +709,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     verify = command("verify", cmd_verify, "re-hash a cache's parts (exit 1 on mismatch)")
     cache_arguments(verify)
+    verify.add_argument(
+        "--source", dest="check_source", action="store_true",
+        help="check instead that the source objects it was imported from are unchanged (no download)",
+    )
 
     rm = command(
         "rm",
@@ -719,6 +805,7 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument(
         "--ext", action="append", metavar="FIELD=EXT", help="append EXT to FIELD, not its default suffix (repeatable)"
     )
+    _add_import_command(command)
     return parser
 
 
@@ -739,7 +826,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 previous[wanted] = signal.signal(wanted, _on_signal)
     store: Optional[Store] = None
     try:
-        store = open_cli_store(args.storage, args.endpoint_url, args.local_cache, must_exist=args.command != "build")
+        store = open_cli_store(
+            args.storage, args.endpoint_url, args.local_cache, must_exist=args.command not in ("build", "import")
+        )
         return int(args.run(store, args))
     except KeyboardInterrupt as interrupt:
         progress.close_all()
@@ -749,6 +838,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         what = "terminated (SIGTERM)" if isinstance(interrupt, Terminated) else "interrupted"
         outcome = {
             "build": "nothing was cached",
+            "import": "nothing was cached",
             "pull": "the local copy is as it was",
             "push": "nothing was published",
             "rm": "see what is left with yogacache ls",

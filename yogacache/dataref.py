@@ -27,6 +27,7 @@ from yogacache.format.yogadl_legacy import LEGACY_CACHE_NAME
 from yogacache.read.options import DEFAULT_SHUFFLE_MODE, ReadOptions
 from yogacache.read.pipeline import Stream, read_stream
 from yogacache.read.reader import CacheReader
+from yogacache.sources.freshness import ensure_fresh
 from yogacache.store import yogadl as yogadl_caches
 from yogacache.store.base import Store
 
@@ -218,6 +219,14 @@ def cached_dataref(
         store,
         dataset_id,
         dataset_version,
+        lambda: AnnotatedSource(source_for(make_dataset(*args, **kwargs)), extra),
+    )
+    # A cache built from pinned objects (yogacache.sources) is checked against them on a hit.
+    reader = ensure_fresh(
+        store,
+        dataset_id,
+        dataset_version,
+        reader,
         lambda: AnnotatedSource(source_for(make_dataset(*args, **kwargs)), extra),
     )
     recorded = reader.manifest.extra.get(ARGUMENTS_EXTRA_KEY)

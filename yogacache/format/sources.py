@@ -155,11 +155,21 @@ class SourceEntry:
         return getattr(module, class_name)  # type: ignore[no-any-return]
 
 
+def is_object_source(data: Any) -> bool:
+    """A ``yogacache.sources.from_url`` source (recognised without importing it)."""
+    return getattr(type(data), "is_object_source", False) is True
+
+
 SOURCES: tuple[SourceEntry, ...] = (
     SourceEntry(
         is_tensorflow_dataset,
         "yogacache.tensorflow:TFDatasetSource",
         "caching a tf.data.Dataset needs TensorFlow: pip install 'yogacache[tf]'",
+    ),
+    SourceEntry(
+        is_object_source,
+        "yogacache.sources.source:as_record_source",
+        "reading S3 or GCS objects needs boto3 or google-cloud-storage: pip install 'yogacache[sources]'",
     ),
 )
 
@@ -170,9 +180,14 @@ class AnnotatedSource:
 
     def __init__(self, source: RecordSource, extra: dict[str, Any]) -> None:
         self.source = source
-        self.manifest_extra = dict(extra)
+        self._extra = dict(extra)
         self.kind = source.kind
         self.cardinality = source.cardinality
+
+    @property
+    def manifest_extra(self) -> dict[str, Any]:
+        """The source's own ``extra`` (e.g. an object source's pins, final once it is read) and this one's."""
+        return {**manifest_extra(self.source), **self._extra}
 
     def spec(self) -> Spec:
         return self.source.spec()

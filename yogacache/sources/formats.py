@@ -1,0 +1,407 @@
+"""Members of source objects (tar streams, zip central directories, plain files) and how they group.
+
+A member is ``(name, bytes)``. Names are keys, never paths: nothing is extracted to disk, and a
+name that is absolute or climbs out (``../x``) is refused. Every member's declared size is
+checked against the build's byte budget before it is decompressed, so a bomb fails cleanly.
+
+WebDataset grouping follows ``webdataset.tariterators``: a name's key is everything up to the
+first dot of its last path component, its field everything after that dot, lowercased
+(``a/b.seg.png`` is key ``a/b``, field ``seg.png``); consecutive members with the same key form
+one sample; names without a dot and top-level ``__*__`` names are skipped.
+"""
+
+from __future__ import annotations
+
+import bz2
+import lzma
+import re
+import struct
+import tarfile
+import zipfile
+import zlib
+from dataclasses import dataclass
+from typing import Any, BinaryIO, Callable, Iterator, Optional, Union
+
+from yogacache.sources.errors import CorruptSourceError
+
+Member = tuple[str, bytes]
+MAX_MEMBER_BYTES = 1 << 30
+
+TAR_SUFFIXES = (".tar", ".tar.gz", ".tar.gz2", ".tgz", ".tar.bz2", ".tbz", ".tbz2", ".tar.xz", ".txz", ".tar.zst",
+                ".tar.zstd", ".tzst")
+ZIP_SUFFIXES = (".zip",)
+ARCHIVE_SUFFIXES = TAR_SUFFIXES + ZIP_SUFFIXES
+_KEY_FIELD = re.compile(r"^((?:.*/|)[^.]+)[.]([^/]*)$")
+_META = re.compile(r"__[^/]*__($|/)")
+_DECOMPRESS_ERRORS: tuple[type[BaseException], ...] = (
+    tarfile.TarError, zipfile.BadZipFile, EOFError, zlib.error, lzma.LZMAError, OSError, ValueError,
+    NotImplementedError,
+)
+
+
+def archive_kind(name: str) -> Optional[str]:
+    """``"tar"``, ``"zip"`` or None, by the object name's suffix."""
+    lowered = name.lower()
+    if lowered.endswith(ZIP_SUFFIXES):
+        return "zip"
+    if lowered.endswith(TAR_SUFFIXES):
+        return "tar"
+    return None
+
+
+def split_key(name: str) -> tuple[Optional[str], Optional[str]]:
+    """``(key, field)`` as webdataset's ``base_plus_ext``: ``(None, None)`` for a name without a dot."""
+    match = _KEY_FIELD.match(name)
+    if not match:
+        return None, None
+    return match.group(1), match.group(2)
+
+
+def check_name(name: str, where: str) -> str:
+    """``name`` if it is a safe relative key; CorruptSourceError otherwise (absolute, ``..``, NUL)."""
+    parts = name.replace("\\", "/").split("/")
+    if not name or name.startswith(("/", "\\")) or ".." in parts or "\0" in name or re.match(r"^[A-Za-z]:", name):
+        raise CorruptSourceError(
+            f"{where}: member {name[:200]!r} is not a safe relative name (absolute or climbing out with '..'); "
+            "nothing was cached. Rewrite the archive with relative member names"
+        )
+    return name
+
+
+@dataclass
+class ByteBudget:
+    """Decompressed bytes left for one build: every member is checked before it is expanded."""
+
+    limit: int
+    used: int = 0
+
+    def take(self, size: int, where: str, name: str) -> None:
+        if size > MAX_MEMBER_BYTES:
+            raise CorruptSourceError(
+                f"{where}: member {name[:200]!r} expands to {size} bytes, more than one record may hold "
+                f"({MAX_MEMBER_BYTES}); nothing was cached"
+            )
+        if self.used + size > self.limit:
+            raise CorruptSourceError(
+                f"{where}: member {name[:200]!r} would expand the source beyond the build's byte limit "
+                f"({self.limit} bytes; a decompression bomb?); nothing was cached. Raise max_bytes if the "
+                "data is really this large"
+            )
+        self.used += size
+
+
+class DecompressedStream:
+    """The decompressed bytes of a gzip, bzip2, xz or zstd stream (recognised by its magic bytes;
+    anything else passes through). It decompresses in large steps with a bounded output per
+    step (a bomb never expands in memory beyond that), so that tarfile reads a plain stream, as
+    fast as it reads an uncompressed tar. Concatenated members (pigz, bgzip) are read on; a stream
+    cut inside a member raises EOFError."""
+
+    _STEP_OUTPUT = 4 << 20
+
+    def __init__(self, raw: Any, chunk: int = 1 << 20) -> None:
+        self._chunk = chunk
+        self._buffer = bytearray()
+        self._offset = 0
+        self._input = raw.read(chunk)
+        self._eof = not self._input
+        self._raw = raw
+        self._make = _decompressor_for(self._input)
+        if self._make == "zstd":  # zstandard's reader bounds its own output
+            import zstandard
+
+            prefixed: Any = _Prefixed(self._input, raw)
+            self._raw = zstandard.ZstdDecompressor().stream_reader(prefixed, read_across_frames=True)
+            self._make, self._input = None, b""
+        self._decompressor: Any = self._make() if callable(self._make) else None
+        self._started = bool(self._input)
+
+    def _step(self) -> Optional[bytes]:
+        """The next piece of output; None at a clean end."""
+        d = self._decompressor
+        if d is None:
+            data = self._input or self._raw.read(self._chunk)
+            self._input = b""
+            return data or None
+        if not self._input and getattr(d, "needs_input", True):
+            self._input = self._raw.read(self._chunk)
+            if not self._input:
+                if self._started:
+                    raise EOFError("the compressed stream ends inside a member (truncated)")
+                return None
+            self._started = True
+        out: bytes = d.decompress(self._input, self._STEP_OUTPUT)
+        self._input = getattr(d, "unconsumed_tail", b"")
+        if d.eof:  # a member ended: what follows is the next member, or the end
+            self._input = d.unused_data + self._input
+            self._decompressor = self._make()  # type: ignore[misc,operator]
+            self._started = bool(self._input)
+        return out
+
+    def read(self, size: int = -1) -> bytes:
+        wanted = (1 << 62) if size is None or size < 0 else size
+        while len(self._buffer) - self._offset < wanted and not self._eof:
+            out = self._step()
+            if out is None:
+                self._eof = True
+            else:
+                self._buffer += out
+        end = min(len(self._buffer), self._offset + wanted)
+        with memoryview(self._buffer) as view:
+            data = bytes(view[self._offset:end])
+        self._offset = end
+        if self._offset >= len(self._buffer) or self._offset > (16 << 20):
+            del self._buffer[: self._offset]
+            self._offset = 0
+        return data
+
+
+class _Prefixed:
+    """``head`` then the rest of ``raw``: a stream whose first bytes were read to sniff it."""
+
+    def __init__(self, head: bytes, raw: Any) -> None:
+        self._head = head
+        self._raw = raw
+
+    def read(self, size: int = -1) -> bytes:
+        if self._head:
+            data, self._head = (self._head, b"") if size < 0 or size >= len(self._head) else (
+                self._head[:size], self._head[size:])
+            return data
+        return self._raw.read(size)  # type: ignore[no-any-return]
+
+
+def _fast_gzip() -> Any:
+    """``isal.isal_zlib`` (Intel's ISA-L, about 2-3x zlib's inflate) when installed, else ``zlib``."""
+    try:
+        from isal import isal_zlib
+    except ImportError:
+        return zlib
+    return isal_zlib
+
+
+_GZIP = _fast_gzip()
+
+
+def _decompressor_for(head: bytes) -> Union[None, str, Callable[[], Any]]:
+    if head.startswith(b"\x1f\x8b"):
+        return lambda: _GZIP.decompressobj(16 + zlib.MAX_WBITS)
+    if head.startswith(b"BZh"):
+        return bz2.BZ2Decompressor
+    if head.startswith(b"\xfd7zXZ\x00"):
+        return lzma.LZMADecompressor
+    if head.startswith(b"\x28\xb5\x2f\xfd"):
+        try:
+            import zstandard  # noqa: F401
+        except ImportError:
+            raise ImportError("reading .tar.zst sources needs zstandard: pip install 'yogacache[sources]'") from None
+        return "zstd"
+    return None
+
+
+def _corrupt(where: str, member: Optional[str], error: BaseException) -> CorruptSourceError:
+    at = f" at member {member[:200]!r}" if member else " before its first member"
+    detail = str(error)[:200] or type(error).__name__
+    return CorruptSourceError(
+        f"{where} is corrupt or truncated{at} ({type(error).__name__}: {detail}); nothing was cached. "
+        "Check or replace that object"
+    )
+
+
+def tar_members(stream: BinaryIO, where: str, budget: ByteBudget) -> Iterator[Member]:
+    """The regular files of a (compressed) tar stream, in archive order; links, directories and
+    other entries are skipped. Read once, front to back: nothing is seeked or written to disk."""
+    member: Optional[str] = None
+    try:
+        zstd_errors = _zstd_errors()
+        for name, size, regular, reader in TarStream(DecompressedStream(stream)):
+            member = name
+            if not regular:
+                reader(size)
+                continue
+            check_name(name, where)
+            budget.take(size, where, name)
+            yield name, reader(size)
+    except CorruptSourceError:
+        raise
+    except (*_DECOMPRESS_ERRORS, *zstd_errors, _GZIP.error) as error:
+        raise _corrupt(where, member, error) from None
+
+
+_BLOCK = 512
+_REGULAR = (b"0", b"\0", b"7")
+_PAX_LOCAL, _PAX_GLOBAL, _GNU_LONGNAME = b"x", b"g", b"L"
+
+
+class TarStream:
+    """A minimal reader of a tar stream (ustar, pax and GNU long names, as ``tarfile`` and
+    ``webdataset.ShardWriter`` write them): each header is checked (its checksum) and parsed for
+    name, size and type only, about five times faster than ``tarfile``'s stream mode, whose
+    per-member header parsing dominated a shard's decoding. Yields ``(name, size, is_regular,
+    read)``; ``read(size)`` must be called once per entry and returns its data (padding skipped)."""
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+
+    def _exactly(self, count: int) -> bytes:
+        data = self._stream.read(count)
+        if len(data) != count:
+            raise EOFError(f"the archive ends {count - len(data)} bytes early")
+        return data  # type: ignore[no-any-return]
+
+    def _data(self, size: int) -> bytes:
+        data = self._exactly(size)
+        padding = -size % _BLOCK
+        if padding:
+            self._exactly(padding)
+        return data
+
+    def __iter__(self) -> Iterator[tuple[str, int, bool, Callable[[int], bytes]]]:
+        pax: dict[str, str] = {}
+        long_name: Optional[str] = None
+        while True:
+            header = self._stream.read(_BLOCK)
+            if not header or header == bytes(_BLOCK):
+                return  # the end-of-archive blocks (or a tar without them)
+            if len(header) != _BLOCK:
+                raise EOFError("the archive ends inside a header")
+            _check_header(header)
+            kind = header[156:157]
+            size = int(pax["size"]) if "size" in pax else _number(header[124:136])
+            if kind in (_PAX_LOCAL, _PAX_GLOBAL):
+                records = _parse_pax(self._data(size))
+                if kind == _PAX_LOCAL:
+                    pax.update(records)
+                continue
+            if kind == _GNU_LONGNAME:
+                long_name = self._data(size).rstrip(b"\0").decode("utf-8", "surrogateescape")
+                continue
+            name = pax.get("path") or long_name or _header_name(header)
+            pax, long_name = {}, None
+            yield name, size, kind in _REGULAR, self._data
+
+
+def _check_header(header: bytes) -> None:
+    stored = header[148:156].rstrip(b"\0 ").strip()
+    try:
+        wanted = int(stored, 8) if stored else -1
+    except ValueError:
+        raise tarfile.ReadError("a header's checksum field is not a number") from None
+    unsigned = sum(header) - sum(header[148:156]) + 8 * 32  # the checksum field counts as spaces
+    if wanted == unsigned:
+        return
+    signed = 256 + sum(struct.unpack_from("148b8x356b", header))  # some old tars sum signed bytes
+    if wanted != signed:
+        raise tarfile.ReadError("a header's checksum does not match (not a tar, or corrupt)")
+
+
+def _number(field: bytes) -> int:
+    if field[:1] and field[0] & 0x80:  # base-256 (GNU), for sizes of 8 GiB and more
+        value = int.from_bytes(field[1:], "big")
+        return value - (1 << (8 * len(field[1:]))) if field[0] & 0x40 else value
+    text = field.rstrip(b"\0 ").strip()
+    try:
+        return int(text, 8) if text else 0
+    except ValueError:
+        raise tarfile.ReadError(f"a header's number field is not octal: {field[:12]!r}") from None
+
+
+def _header_name(header: bytes) -> str:
+    name = header[0:100].split(b"\0", 1)[0]
+    if header[257:262] == b"ustar":
+        prefix = header[345:500].split(b"\0", 1)[0]
+        if prefix:
+            name = prefix + b"/" + name
+    return name.decode("utf-8", "surrogateescape")
+
+
+def _parse_pax(data: bytes) -> dict[str, str]:
+    """``"<length> <key>=<value>\\n"`` records (POSIX pax extended headers)."""
+    records: dict[str, str] = {}
+    position = 0
+    while position < len(data):
+        space = data.find(b" ", position)
+        if space < 0:
+            break
+        try:
+            length = int(data[position:space])
+        except ValueError:
+            raise tarfile.ReadError("a pax header is malformed") from None
+        if length <= 0:
+            raise tarfile.ReadError("a pax header is malformed")
+        record = data[space + 1 : position + length - 1]
+        key, _, value = record.partition(b"=")
+        records[key.decode("utf-8", "surrogateescape")] = value.decode("utf-8", "surrogateescape")
+        position += length
+    return records
+
+
+def _zstd_errors() -> tuple[type[BaseException], ...]:
+    try:
+        import zstandard
+    except ImportError:
+        return ()
+    return (zstandard.ZstdError,)
+
+
+def zip_members(
+    handle: BinaryIO, where: str, budget: ByteBudget, on_names: Optional[Callable[[list[str]], None]] = None
+) -> Iterator[Member]:
+    """The files of a zip read through ranged reads: its central directory first (its file names
+    go to ``on_names``), then each member's bytes (CRC-checked by ``zipfile``); declared sizes
+    are budgeted before expansion."""
+    member: Optional[str] = None
+    try:
+        with zipfile.ZipFile(handle) as archive:
+            if on_names is not None:
+                on_names([info.filename for info in archive.infolist() if not info.is_dir()])
+            for info in archive.infolist():
+                member = info.filename
+                if info.is_dir():
+                    continue
+                check_name(info.filename, where)
+                budget.take(info.file_size, where, info.filename)
+                with archive.open(info) as opened:
+                    data = opened.read(info.file_size + 1)
+                if len(data) != info.file_size:
+                    raise zipfile.BadZipFile(f"member holds {len(data)} bytes, its header says {info.file_size}")
+                yield info.filename, data
+    except CorruptSourceError:
+        raise
+    except _DECOMPRESS_ERRORS as error:
+        raise _corrupt(where, member, error) from None
+
+
+def webdataset_samples(members: Iterator[Member], where: str) -> Iterator[dict[str, Any]]:
+    """Samples grouped as ``webdataset.tariterators.group_by_keys`` groups them (see the module doc)."""
+    current: Optional[dict[str, Any]] = None
+    for name, data in members:
+        if "/" not in name and name.startswith("__") and name.endswith("__"):
+            continue
+        if _META.match(name):
+            continue
+        key, field = split_key(name)
+        if key is None or field is None:
+            continue
+        field = field.lower()
+        if current is None or key != current["__key__"]:
+            if current is not None:
+                yield current
+            current = {"__key__": key}
+        if field in current:
+            raise CorruptSourceError(f"{where}: sample {key!r} has two {field!r} files; nothing was cached")
+        current[field] = data
+    if current is not None:
+        yield current
+
+
+def file_field(name: str) -> str:
+    """The field of a file's record: its webdataset suffix, lowercased, or ``data`` without one."""
+    _, field = split_key(name.rsplit("/", 1)[-1])
+    return field.lower() if field else "data"
+
+
+def file_records(members: Iterator[Member]) -> Iterator[dict[str, Any]]:
+    """One record per file: ``{"__key__": name, "<field>": bytes}``."""
+    for name, data in members:
+        yield {"__key__": name, file_field(name): data}

@@ -1,0 +1,142 @@
+"""Is a cache built from pinned objects still current? A cheap check on every cache hit.
+
+The check reads no object: it LISTs the common prefix of each bucket's pinned objects (one
+request per 1,000 objects), or HEADs a single object, and compares ETag, size and generation
+with the pins (local files: size and modification time). An object pinned by ``version_id=``
+is checked to still exist in that version. A prefix source also notices objects added under it.
+What a change does is the cache's ``on_source_change`` (or the caller's): raise, rebuild, warn
+or ignore. A check that cannot be made (the bucket unreachable) raises: it is never read as
+"unchanged".
+"""
+
+from __future__ import annotations
+
+import logging
+import posixpath
+import warnings
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+from yogacache.format.manifest import Manifest
+from yogacache.read.reader import CacheReader
+from yogacache.sources.errors import SourceChangedError
+from yogacache.sources.objects import Accessors, ObjectRef, ref_from_pin
+from yogacache.sources.source import SOURCES_EXTRA_KEY, check_policy
+from yogacache.sources.urls import Location, parse_location
+from yogacache.store.base import Store
+
+log = logging.getLogger(__name__)
+SHOWN_CHANGES = 10
+
+
+@dataclass
+class SourceCheck:
+    """What a freshness check found: one line per changed object, and the requests it cost."""
+
+    objects: int
+    changes: list[str] = field(default_factory=list)
+    requests: int = 0
+
+    @property
+    def changed(self) -> bool:
+        return bool(self.changes)
+
+
+def pins_of(manifest: Manifest) -> Optional[dict[str, Any]]:
+    """The source pins a manifest records, or None for a cache not built from objects."""
+    pins = manifest.extra.get(SOURCES_EXTRA_KEY)
+    return pins if isinstance(pins, dict) and isinstance(pins.get("objects"), list) else None
+
+
+def check_pins(pins: dict[str, Any], access: Optional[Accessors] = None) -> SourceCheck:
+    """Compares the objects as they are now with ``pins`` (from ``pins_of``)."""
+    access = access or Accessors(pins.get("endpoint_url"))
+    refs = [ref_from_pin(pin, parse_location(str(pin["url"]))) for pin in pins["objects"]]
+    fixed = {str(pin["url"]) for pin in pins["objects"] if pin.get("fixed")}
+    check = SourceCheck(len(refs))
+    groups: dict[tuple[str, str], list[ObjectRef]] = {}
+    for ref in refs:
+        groups.setdefault((ref.location.scheme, ref.location.bucket), []).append(ref)
+    prefixes = [parse_location(str(url)) for url in pins.get("prefixes", [])]
+    for (scheme, bucket), members in groups.items():
+        storage = access(scheme)
+        covering = [p for p in prefixes if p.scheme == scheme and p.bucket == bucket]
+        current: dict[str, Optional[ObjectRef]] = {}
+        by_head = [ref for ref in members if ref.url in fixed]
+        listed = [ref for ref in members if ref.url not in fixed]
+        if scheme == "file" or (len(listed) == 1 and not covering):
+            by_head += listed
+        elif listed:
+            prefix = posixpath.commonprefix([ref.name for ref in listed] + [p.key for p in covering])
+            for listed_now in storage.list(Location(scheme, bucket, prefix)):
+                current[listed_now.url] = listed_now
+            pinned = {ref.url for ref in listed}
+            for url in sorted(current):
+                inside = any(url.startswith(p.url) for p in covering)
+                if inside and url not in pinned and not url.endswith("/"):
+                    check.changes.append(f"{url}: added")
+        for ref in by_head:
+            by_version = ref.url in fixed
+            current[ref.url] = storage.head(ref.location, version_id=ref.version_id if by_version else None,
+                                            generation=ref.generation if by_version else None)
+        for ref in members:
+            now = current.get(ref.url)
+            differences = ref.differences(now)
+            if differences:
+                check.changes.append(f"{ref.url}: {', '.join(differences)}")
+    check.requests = access.requests
+    return check
+
+
+def describe_changes(dataset_id: str, dataset_version: str, check: SourceCheck) -> str:
+    shown = "; ".join(check.changes[:SHOWN_CHANGES])
+    more = f" (and {len(check.changes) - SHOWN_CHANGES} more)" if len(check.changes) > SHOWN_CHANGES else ""
+    return (
+        f"the source objects of cache {dataset_id}:{dataset_version} changed since it was built: {shown}{more}. "
+        "The cache holds the old data. To proceed: rebuild it (on_source_change='rebuild', or "
+        f"'yogacache rm {dataset_id} {dataset_version}' and build again), cache the new data under a new "
+        "version (version='auto' derives one from the sources), or keep serving the old data "
+        "(on_source_change='ignore')"
+    )
+
+
+def ensure_fresh(
+    store: Store,
+    dataset_id: str,
+    dataset_version: str,
+    reader: CacheReader,
+    make_data: Callable[[], Any],
+    on_source_change: Optional[str] = None,
+) -> CacheReader:
+    """``reader`` if its cache is not built from pinned objects or they are unchanged; otherwise
+    what ``on_source_change`` (default: the one the cache was built with) says: raise
+    SourceChangedError, rebuild from ``make_data()`` and return a reader of the new cache, or
+    warn (or say nothing) and return ``reader``."""
+    pins = pins_of(reader.manifest)
+    if pins is None:
+        return reader
+    policy = check_policy(on_source_change or str(pins.get("on_source_change", "error")))
+    if policy == "ignore":
+        return reader
+    check = check_pins(pins)
+    log.debug("source check of %s:%s: %d objects, %d requests", dataset_id, dataset_version,
+              check.objects, check.requests)
+    if not check.changed:
+        return reader
+    message = describe_changes(dataset_id, dataset_version, check)
+    if policy == "error":
+        raise SourceChangedError(message)
+    if policy == "warn":
+        warnings.warn(message, UserWarning, stacklevel=3)
+        log.warning("%s", message)
+        return reader
+    log.warning("rebuilding %s:%s: its source objects changed (%s)", dataset_id, dataset_version,
+                "; ".join(check.changes[:SHOWN_CHANGES]))
+    reader.close()
+    current = store.manifest(dataset_id, dataset_version)
+    if current.build_id != reader.manifest.build_id:  # another process rebuilt it meanwhile
+        pins = pins_of(current)
+        if pins is not None and not check_pins(pins).changed:
+            return store.open(dataset_id, dataset_version)
+    store.build(dataset_id, dataset_version, make_data())
+    return store.open(dataset_id, dataset_version)

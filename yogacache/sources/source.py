@@ -1,0 +1,646 @@
+"""ObjectSource: a record source over objects (S3, GCS, local files), pinned while it builds.
+
+It lists its objects once (LIST pages, or one HEAD for a single object), checks the pins asked
+for (``etag=``, ``version_id=``, ``generation=``) before anything is written, then streams each
+object through its format (``formats``) into records, reading every object conditionally on
+the version listed (``objects``). What it read is recorded in the manifest's ``extra`` under
+``"sources"`` so that a cache hit can check the sources cheaply (``freshness``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import os
+import posixpath
+import queue
+import threading
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, Callable, Generator, Iterator, Mapping, Optional, Sequence, Union
+
+from yogacache.format.codec import RecordCodec
+from yogacache.format.sources import PythonSource
+from yogacache.format.spec import Spec, TensorSpec, flattener, infer_spec
+from yogacache.format.writer import BuildLimits
+from yogacache.sources.decoders import Decode, decode_sample, decoder_table
+from yogacache.sources.errors import SourceChangedError, SourceError
+from yogacache.sources.formats import (
+    ByteBudget,
+    Member,
+    archive_kind,
+    check_name,
+    file_field,
+    file_records,
+    split_key,
+    tar_members,
+    webdataset_samples,
+    zip_members,
+)
+from yogacache.sources.objects import Accessors, ObjectRef, ReadAhead
+from yogacache.sources.urls import Location, expand_braces, parse_location
+
+SOURCES_EXTRA_KEY = "sources"
+PINS_VERSION = 1
+FORMATS = ("auto", "webdataset", "archive", "files", "imagefolder")
+ON_SOURCE_CHANGE = ("error", "rebuild", "warn", "ignore")
+ENCODE_BATCH = 256
+ENCODE_BATCH_BYTES = 8 << 20
+ProgressCallback = Callable[[int, int, int], None]  # objects done, source bytes read, records
+
+
+def check_policy(on_source_change: str) -> str:
+    if on_source_change not in ON_SOURCE_CHANGE:
+        raise ValueError(f"on_source_change must be one of {ON_SOURCE_CHANGE}, got {on_source_change!r}")
+    return on_source_change
+
+
+class _CountingStream:
+    """Counts the bytes read from an object's stream (progress, and the truncation check)."""
+
+    def __init__(self, stream: Any, on_bytes: Callable[[int], None]) -> None:
+        self._stream = stream
+        self._on_bytes = on_bytes
+        self.count = 0
+
+    def read(self, size: int = -1) -> bytes:
+        data = self._stream.read(size)
+        self.count += len(data)
+        self._on_bytes(len(data))
+        return data  # type: ignore[no-any-return]
+
+    def drain(self) -> None:
+        while self.read(1 << 20):
+            pass
+
+    def close(self) -> None:
+        self._stream.close()
+
+
+class ObjectSource:
+    """Records from objects: WebDataset shards, archives, or files (see ``from_url``)."""
+
+    kind = "objects"
+    cardinality: Optional[int] = None  # known only once every archive is read
+    is_object_source = True  # format.sources' registry recognises sources by this
+
+    def __init__(
+        self,
+        urls: Union[str, Sequence[str]],
+        *,
+        format: str = "auto",
+        fields: Optional[Sequence[str]] = None,
+        decode: Decode = None,
+        etag: Union[None, str, Mapping[str, str]] = None,
+        version_id: Optional[str] = None,
+        generation: Optional[int] = None,
+        on_source_change: str = "error",
+        max_bytes: Optional[int] = None,
+        endpoint_url: Optional[str] = None,
+    ) -> None:
+        given = [urls] if isinstance(urls, (str, os.PathLike)) else list(urls)
+        if not given:
+            raise ValueError("from_url needs at least one URL")
+        self.urls = [str(url) for url in given]
+        if format not in FORMATS:
+            raise ValueError(f"format must be one of {FORMATS}, got {format!r}")
+        self.format = format
+        self.fields = None if fields is None else sorted(set(fields))
+        self.decode = decode
+        self._lookup = decoder_table(decode)  # checks the decoders (and refuses pickles) now
+        self.etag = etag
+        self.version_id = version_id
+        self.generation = None if generation is None else int(generation)
+        self.on_source_change = check_policy(on_source_change)
+        self.max_bytes = max_bytes
+        self.endpoint_url = endpoint_url
+        self.access = Accessors(endpoint_url)
+        self.progress: Optional[ProgressCallback] = None
+        self._objects: Optional[list[ObjectRef]] = None
+        self._prefixes: list[str] = []
+        self._classes: Optional[dict[str, int]] = None
+        self._python: Optional[PythonSource] = None
+        self._spec: Optional[Spec] = None
+        self._fieldset: Optional[_FieldSet] = None
+        self._prefetch = _Prefetch([], self._read_whole)
+
+    def __repr__(self) -> str:
+        shown = ", ".join(self.urls[:3]) + (", ..." if len(self.urls) > 3 else "")
+        return f"ObjectSource({shown}, format={self.format!r})"
+
+    # -- what it is built from ---------------------------------------------------------------
+    def objects(self) -> list[ObjectRef]:
+        """The source objects, listed once (and checked against ``etag=`` / versions)."""
+        if self._objects is None:
+            self._objects = self._resolve()
+        return self._objects
+
+    def _resolve(self) -> list[ObjectRef]:
+        named: list[Location] = []
+        found: list[ObjectRef] = []
+        for url in self.urls:
+            for expanded in expand_braces(url):
+                location = parse_location(expanded)
+                if self._is_prefix(location):
+                    found.extend(self._list_prefix(location))
+                else:
+                    named.append(location)
+        if (self.version_id or self.generation is not None) and (len(named) != 1 or found):
+            raise ValueError("version_id= / generation= pin one object: pass exactly one object URL")
+        found.extend(self._find_named(named))
+        if not found:
+            raise SourceError(f"no source objects at {', '.join(self.urls)}")
+        self._check_etags(found)
+        return found
+
+    def _is_prefix(self, location: Location) -> bool:
+        if location.scheme == "file":
+            return Path(location.key).is_dir()
+        return location.key == "" or location.key.endswith("/")
+
+    def _list_prefix(self, location: Location) -> list[ObjectRef]:
+        refs = [ref for ref in self.access(location.scheme).list(location) if not ref.name.endswith("/")]
+        self._prefixes.append(location.url)
+        return refs
+
+    def _find_named(self, named: list[Location]) -> list[ObjectRef]:
+        """Named objects: one HEAD for a single object, else LIST pages of their common prefix.
+        A single S3/GCS name that is no object but a "directory" (``s3://b/images``) is that prefix."""
+        groups: dict[tuple[str, str], list[Location]] = {}
+        for location in named:
+            groups.setdefault((location.scheme, location.bucket), []).append(location)
+        listed: dict[str, list[ObjectRef]] = {}
+        for (scheme, bucket), locations in groups.items():
+            access = self.access(scheme)
+            if len(locations) > 1 and scheme != "file":
+                prefix = posixpath.commonprefix([location.key for location in locations])
+                for ref in access.list(Location(scheme, bucket, prefix)):
+                    listed[ref.url] = [ref]
+                continue
+            for location in locations:
+                head = access.head(location, self.version_id, self.generation)
+                if head is not None:
+                    if self.version_id:
+                        head = ObjectRef(head.location, head.size, head.etag, self.version_id)
+                    listed[location.url] = [head]
+                elif scheme != "file" and not (self.version_id or self.generation is not None):
+                    children = self._list_prefix(location.child(location.key + "/"))
+                    if children:
+                        listed[location.url] = children
+                    else:
+                        self._prefixes.pop()
+        refs: list[ObjectRef] = []
+        for location in named:
+            if location.url not in listed:
+                what = " (that version)" if self.version_id or self.generation is not None else ""
+                raise SourceError(f"source object {location.url}{what} does not exist; nothing was cached")
+            refs.extend(listed[location.url])
+        return refs
+
+    def _check_etags(self, refs: list[ObjectRef]) -> None:
+        if self.etag is None:
+            return
+        if isinstance(self.etag, str):
+            if len(refs) != 1:
+                raise ValueError("etag= as a string pins one object: pass a mapping of URL to ETag for several")
+            wanted = {refs[0].url: self.etag}
+        else:
+            wanted = dict(self.etag)
+        by_url = {ref.url: ref for ref in refs}
+        for url, etag in wanted.items():
+            ref = by_url.get(url)
+            if ref is None:
+                raise SourceError(f"etag= names {url}, which is not one of the source objects")
+            if ref.etag != etag.strip('"'):
+                raise SourceChangedError(
+                    f"source object {url} has ETag {ref.etag}, not the {etag.strip(chr(34))} asked for (etag=): "
+                    "it changed since that ETag was taken; nothing was cached. Pass its current ETag, or "
+                    "version_id= for the old version in a versioned bucket"
+                )
+
+    # -- identity ------------------------------------------------------------------------------
+    def pins(self) -> dict[str, Any]:
+        """What the manifest records under ``extra["sources"]``."""
+        objects = []
+        for ref in self.objects():
+            pin = ref.pin()
+            if self.version_id or self.generation is not None:
+                pin["fixed"] = True  # asked for by version: a later write to the key is no change
+            elif ref.url in self._read_versions():
+                pin["version_id"] = self._read_versions()[ref.url]
+            objects.append(pin)
+        pins: dict[str, Any] = {
+            "pins_version": PINS_VERSION,
+            "urls": self.urls,
+            "prefixes": self._prefixes,
+            "format": self.format,
+            "on_source_change": self.on_source_change,
+            "objects": objects,
+        }
+        if self.fields is not None:
+            pins["fields"] = self.fields
+        if self.endpoint_url:
+            pins["endpoint_url"] = self.endpoint_url
+        if self._classes is not None:
+            pins["class_to_idx"] = self._classes
+        return pins
+
+    def auto_version(self) -> str:
+        """A cache version derived from the pins (and how records are made): ``src-<hash>``, so a
+        changed source gets a new cache instead of serving or replacing the old one."""
+        identity = {
+            "objects": [[ref.url, ref.size, ref.etag, ref.version_id, ref.generation, ref.mtime_ns]
+                        for ref in self.objects()],
+            "format": self.format,
+            "fields": self.fields,
+            "decode": self.decode if isinstance(self.decode, (bool, type(None))) else dict(self.decode),
+        }
+        text = json.dumps(identity, sort_keys=True, separators=(",", ":"))
+        return "src-" + hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
+
+    def _read_versions(self) -> dict[str, str]:
+        """The S3 VersionIds that the build's reads were served (versioned buckets only)."""
+        seen: dict[str, str] = {}
+        for access in self.access.all():
+            seen.update(getattr(access, "versions", {}))
+        return seen
+
+    @property
+    def manifest_extra(self) -> dict[str, Any]:
+        return {SOURCES_EXTRA_KEY: self.pins()}
+
+    # -- RecordSource ----------------------------------------------------------------------------
+    def spec(self) -> Spec:
+        if self._spec is not None:
+            return self._spec
+        if self._python is None:
+            raise SourceError("the source has not been read yet")
+        return self._python.spec()
+
+    def encoded_batches(self) -> Iterator[list[bytes]]:
+        if self._lookup is None:
+            return self._encode_uniform()
+        self._python = PythonSource(self.records())  # decoded values: shapes and types may vary
+        return self._python.encoded_batches()
+
+    def _encode_uniform(self) -> Iterator[list[bytes]]:
+        """Records of raw fields all have the first one's structure (``_FieldSet`` sees to it) and
+        scalar leaves: the spec is inferred once, not generalized record by record."""
+        records = self.records()
+        try:
+            first = next(records, None)
+            if first is None:
+                raise SourceError(f"the sources at {', '.join(self.urls)} hold no records; nothing was cached")
+            spec = infer_spec(first)
+            codec = RecordCodec(_any_shape(spec))
+            flat = flattener(spec)
+            self._spec = spec
+            batch: list[bytes] = []
+            size = 0
+            for element in itertools.chain([first], records):
+                encoded = codec.encode(flat(element))
+                batch.append(encoded)
+                size += len(encoded)
+                if len(batch) >= ENCODE_BATCH or size >= ENCODE_BATCH_BYTES:
+                    yield batch
+                    batch, size = [], 0
+            if batch:
+                yield batch
+        finally:
+            records.close()  # stops the reading threads at once when the writer gives up
+
+    # -- records ---------------------------------------------------------------------------------
+    def _limit(self) -> int:
+        if self.max_bytes is not None:
+            return int(self.max_bytes)
+        bound = BuildLimits().for_unknown_length(Path.home()).max_bytes
+        return bound if bound is not None else 1 << 62
+
+    def _format_of(self, ref: ObjectRef) -> str:
+        if self.format in ("files", "imagefolder"):
+            return self.format
+        kind = archive_kind(ref.name)
+        if self.format == "auto":
+            return {"tar": "webdataset", "zip": "archive"}.get(kind or "", "files")
+        if kind is None:
+            raise SourceError(
+                f"source object {ref.url} is not an archive ({', '.join(('.tar', '.tar.gz', '.zip'))}, ...) "
+                f"but format={self.format!r} reads archives; use format='files' for plain files"
+            )
+        return self.format
+
+    def records(self) -> Generator[dict[str, Any], None, None]:
+        """Every record, object by object, in listing order."""
+        refs = self.objects()
+        if self.format == "imagefolder":  # as torchvision: files outside a class directory are no samples
+            refs = [ref for ref in refs if "/" in self._relative_key(ref)]
+        budget = ByteBudget(self._limit())
+        state = {"objects": 0, "bytes": 0, "records": 0}
+        fields = _FieldSet(self.fields, explicit=self.fields is not None)
+        if any(self._format_of(ref) in ("files", "imagefolder") for ref in refs) and self.fields is None:
+            fields = _FieldSet(self._file_fields(refs), explicit=False)
+        self._fieldset = fields
+        self._prefetch = _Prefetch(
+            [ref for ref in refs if self._format_of(ref) in ("files", "imagefolder")], self._read_whole
+        )
+
+        def on_bytes(count: int) -> None:
+            state["bytes"] += count
+
+        produced = _Background(self._records(refs, budget, fields, state, on_bytes))
+        try:
+            yield from produced
+        finally:
+            produced.close()
+            self._prefetch.close()
+
+    def _records(self, refs: list[ObjectRef], budget: ByteBudget, fields: _FieldSet, state: dict[str, int],
+                 on_bytes: Callable[[int], None]) -> Iterator[dict[str, Any]]:
+        opened: dict[int, ReadAhead] = {}  # the next tar object's GET starts while this one decodes
+        try:
+            for index, ref in enumerate(refs):
+                self._open_next_tar(refs, index + 1, opened)
+                where = f"source object {ref.url}"
+                for sample in self._samples(ref, where, budget, on_bytes, opened.pop(index, None)):
+                    sample = fields.apply(sample, where)
+                    if self._lookup is not None:
+                        sample = decode_sample(sample, self._lookup, where)
+                    state["records"] += 1
+                    yield sample
+                    if self.progress is not None and state["records"] % 64 == 0:
+                        self.progress(state["objects"], state["bytes"], state["records"])
+                state["objects"] += 1
+                if self.progress is not None:
+                    self.progress(state["objects"], state["bytes"], state["records"])
+        finally:
+            for stream in opened.values():
+                stream.close()
+
+    def _open_next_tar(self, refs: list[ObjectRef], index: int, opened: dict[int, ReadAhead]) -> None:
+        if index < len(refs) and index not in opened and archive_kind(refs[index].name) == "tar" and (
+            self._format_of(refs[index]) in ("webdataset", "archive")
+        ):
+            ref = refs[index]
+            opened[index] = ReadAhead(self.access(ref.location.scheme).open_stream(ref))
+
+    def _field_names(self, fmt: str) -> Callable[[list[str]], None]:
+        """Fixes the field set from a zip's central directory, before its first record."""
+
+        def fix(names: list[str]) -> None:
+            fields = self._fieldset
+            if fields is not None and fields.fields is None:
+                keyed = [split_key(name.rsplit("/", 1)[-1])[1] for name in names] if fmt == "webdataset" else []
+                found = {field.lower() for field in keyed if field} if keyed else {file_field(n) for n in names}
+                fields.fields = sorted(found)
+
+        return fix
+
+    def _file_fields(self, refs: list[ObjectRef]) -> list[str]:
+        names = {file_field(ref.name) for ref in refs}
+        return sorted(names | ({"cls"} if self.format == "imagefolder" else set()))
+
+    def _samples(self, ref: ObjectRef, where: str, budget: ByteBudget, on_bytes: Callable[[int], None],
+                 opened: Optional[ReadAhead] = None) -> Iterator[dict[str, Any]]:
+        fmt = self._format_of(ref)
+        access = self.access(ref.location.scheme)
+        if fmt in ("files", "imagefolder"):
+            yield self._file_record(ref, where, budget, on_bytes, fmt)
+            return
+        members: Iterator[Member]
+        if archive_kind(ref.name) == "zip":
+            handle = access.open_ranged(ref)
+            try:
+                members = zip_members(handle, where, budget, self._field_names(fmt))
+                yield from (webdataset_samples(members, where) if fmt == "webdataset" else file_records(members))
+            finally:
+                handle.close()
+            on_bytes(ref.size)
+            return
+        stream = _CountingStream(opened or ReadAhead(access.open_stream(ref)), on_bytes)
+        try:
+            members = tar_members(stream, where, budget)  # type: ignore[arg-type]
+            yield from (webdataset_samples(members, where) if fmt == "webdataset" else file_records(members))
+            stream.drain()  # tar's end blocks: the object must be read to its last byte
+        finally:
+            stream.close()
+        if stream.count != ref.size:
+            raise SourceChangedError(
+                f"{where} held {stream.count} bytes, not the {ref.size} listed; nothing was cached"
+            )
+
+    def _file_record(self, ref: ObjectRef, where: str, budget: ByteBudget, on_bytes: Callable[[int], None],
+                     fmt: str) -> dict[str, Any]:
+        key = self._relative_key(ref)
+        check_name(key, where)
+        budget.take(ref.size, where, key)
+        data = self._prefetch.take(ref)
+        on_bytes(len(data))
+        if len(data) != ref.size:
+            raise SourceChangedError(f"{where} held {len(data)} bytes, not the {ref.size} listed; nothing was cached")
+        record: dict[str, Any] = {"__key__": key, file_field(key): data}
+        if fmt == "imagefolder":
+            if self._classes is None:
+                self._classes = self._class_table()
+            label = key.split("/", 1)[0]
+            record["cls"] = self._classes[label]
+        return record
+
+    def _read_whole(self, ref: ObjectRef) -> bytes:
+        stream = self.access(ref.location.scheme).open_stream(ref)
+        try:
+            return bytes(stream.read(-1))
+        finally:
+            stream.close()
+
+    def _relative_key(self, ref: ObjectRef) -> str:
+        """The object's name relative to the prefix it was listed under (its base name otherwise)."""
+        for prefix in self._prefixes:
+            root = parse_location(prefix)
+            if root.scheme == ref.location.scheme and root.bucket == ref.location.bucket:
+                base = root.key.rstrip("/") + "/" if root.key else ""
+                if ref.name.startswith(base):
+                    return ref.name[len(base):]
+        return posixpath.basename(ref.name)
+
+    def _class_table(self) -> dict[str, int]:
+        """torchvision's ImageFolder table: the sorted directories under the root, numbered from 0."""
+        keys = [self._relative_key(ref) for ref in self.objects()]
+        classes = sorted({key.split("/", 1)[0] for key in keys if "/" in key})
+        if not classes:
+            raise SourceError(f"format='imagefolder' found no class directories under {', '.join(self.urls)}")
+        return {name: index for index, name in enumerate(classes)}
+
+
+def _any_shape(spec: Spec) -> Spec:
+    """``spec`` with every shape unknown (as a Python source's codec takes its elements)."""
+    if isinstance(spec, TensorSpec):
+        return TensorSpec(spec.dtype, None)
+    if isinstance(spec, dict):
+        return {key: _any_shape(value) for key, value in spec.items()}
+    return tuple(_any_shape(item) for item in spec)
+
+
+class _Background:
+    """Runs a generator on a thread, ``depth`` items ahead of its consumer, so that reading and
+    decompressing the sources overlaps encoding and writing the cache (inflate, socket reads,
+    LMDB writes and hashing release the GIL). Its exception is raised to the consumer; closing
+    stops the thread and closes the generator there."""
+
+    _DONE = object()
+
+    def __init__(self, generator: Iterator[Any], depth: int = 256) -> None:
+        self._generator = generator
+        self._queue: queue.Queue[Any] = queue.Queue(maxsize=depth)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True, name="yogacache-source")
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            for item in self._generator:
+                if not self._put((True, item)):
+                    return
+            self._put((True, self._DONE))
+        except BaseException as error:  # handed to the consumer
+            self._put((False, error))
+        finally:
+            self._generator.close()  # type: ignore[attr-defined]
+
+    def _put(self, item: Any) -> bool:
+        while not self._stop.is_set():
+            try:
+                self._queue.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def __iter__(self) -> Iterator[Any]:
+        while True:
+            ok, item = self._queue.get()
+            if not ok:
+                raise item
+            if item is self._DONE:
+                return
+            yield item
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=60)  # a read stuck on the network ends with its own timeout
+
+
+class _Prefetch:
+    """Reads whole small objects (files, ImageFolder) ahead of the build on a few threads, in
+    order, at most ``window`` objects or ``window_bytes`` ahead: one GET per object would
+    otherwise wait on every round trip in turn."""
+
+    def __init__(self, refs: list[ObjectRef], read: Callable[[ObjectRef], bytes], window: int = 32,
+                 window_bytes: int = 256 << 20, threads: int = 16) -> None:
+        self._refs = refs
+        self._read = read
+        self._window = window
+        self._window_bytes = window_bytes
+        self._pool: Optional[ThreadPoolExecutor] = ThreadPoolExecutor(threads) if refs else None
+        self._pending: deque[tuple[ObjectRef, Future[bytes]]] = deque()
+        self._next = 0
+
+    def _fill(self) -> None:
+        ahead = sum(ref.size for ref, _ in self._pending)
+        while (self._pool is not None and self._next < len(self._refs) and len(self._pending) < self._window
+               and (not self._pending or ahead < self._window_bytes)):
+            ref = self._refs[self._next]
+            self._pending.append((ref, self._pool.submit(self._read, ref)))
+            ahead += ref.size
+            self._next += 1
+
+    def take(self, ref: ObjectRef) -> bytes:
+        """The bytes of ``ref``, the next object in order."""
+        self._fill()
+        if not self._pending or self._pending[0][0] != ref:
+            return self._read(ref)
+        _, future = self._pending.popleft()
+        self._fill()
+        return future.result()
+
+    def close(self) -> None:
+        if self._pool is not None:
+            for _, future in self._pending:
+                future.cancel()
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
+
+
+class _FieldSet:
+    """Keeps every record's structure the same: one set of fields, fixed by ``fields=`` or by the
+    first sample (a listing for files). An absent field is empty bytes; a field outside the set is
+    dropped when ``fields=`` chose the set, and an error otherwise."""
+
+    def __init__(self, fields: Optional[list[str]], *, explicit: bool) -> None:
+        self.fields = fields
+        self.explicit = explicit
+
+    def apply(self, sample: dict[str, Any], where: str) -> dict[str, Any]:
+        if self.fields is None:
+            self.fields = sorted(key for key in sample if key != "__key__")
+        wanted = self.fields
+        extra = [key for key in sample if key != "__key__" and key not in wanted]
+        if extra and not self.explicit:
+            raise SourceError(
+                f"{where}: sample {sample['__key__']!r} has fields {extra} that earlier samples lack (they have "
+                f"{wanted}); every record of a cache has the same fields. Pass fields=[...] to choose them "
+                "(absent ones become empty bytes)"
+            )
+        record = {"__key__": sample["__key__"]}
+        for key in wanted:
+            record[key] = sample.get(key, b"")
+        return record
+
+
+def as_record_source(source: ObjectSource) -> ObjectSource:
+    """format.sources' registry hook: an ObjectSource already is a record source."""
+    return source
+
+
+def from_url(
+    urls: Union[str, Sequence[str]],
+    *,
+    format: str = "auto",
+    fields: Optional[Sequence[str]] = None,
+    decode: Decode = None,
+    etag: Union[None, str, Mapping[str, str]] = None,
+    version_id: Optional[str] = None,
+    generation: Optional[int] = None,
+    on_source_change: str = "error",
+    max_bytes: Optional[int] = None,
+    endpoint_url: Optional[str] = None,
+) -> ObjectSource:
+    """A source of records from objects, to return from a decorated function, pass to ``submit``
+    or to ``yogacache import``.
+
+    Args:
+        urls: an URL or a list of them: ``s3://bucket/key``, ``gs://bucket/key``, a local path or
+            ``file://`` URL; braces expand (``train-{000000..000146}.tar``); a trailing ``/`` (or a
+            local directory) is a prefix, every object under it.
+        format: ``"webdataset"`` (tar or zip members grouped into samples by key), ``"archive"``
+            (one record ``{"__key__": member name, "<ext>": bytes}`` per member), ``"files"`` (one
+            record per object), ``"imagefolder"`` (one per object, ``cls`` from its parent
+            directory, the class table in the manifest), or ``"auto"``: webdataset for
+            tar-family objects, archive for zips, files otherwise.
+        fields: the fields every record has (others dropped, absent ones empty bytes); by default
+            the first sample's (every file extension, for files).
+        decode: ``True`` to decode known fields (text, ints, ``.npy`` without pickles, images
+            with Pillow), or a mapping of field to decoder name; pickles are always refused.
+        etag: the ETag the (single) object must have, or a mapping of URL to ETag.
+        version_id, generation: read this version (S3) / generation (GCS) of the single object.
+        on_source_change: what a cache hit does when the objects changed since the build:
+            ``"error"`` (default), ``"rebuild"``, ``"warn"`` or ``"ignore"``.
+        max_bytes: the most bytes the archives may expand to (default: the free disk space
+            less a reserve, as for any build of unknown length).
+        endpoint_url: an S3-compatible endpoint (default: ``AWS_ENDPOINT_URL`` or AWS).
+    """
+    return ObjectSource(
+        urls, format=format, fields=fields, decode=decode, etag=etag, version_id=version_id,
+        generation=generation, on_source_change=on_source_change, max_bytes=max_bytes, endpoint_url=endpoint_url,
+    )
