@@ -1,0 +1,136 @@
+"""Ray builds on a real local cluster (``ray.init(num_cpus=2)``) writing to the S3 test server.
+
+Build shards run as Ray tasks give the same cache (records, order, part hashes) as local
+workers; a task whose worker is SIGKILLed is re-run and the cache is still exactly right; a
+failed job publishes nothing and leaves no object behind; a Ray Dataset is cached through
+``write_datasink``.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+import pytest
+
+from tests.test_parallel_build import DATA, killed_always, killed_once, raising_on_three, records_of
+from yogacache.build import BuildShardError, call_shards, plan_index_shards, sharded
+from yogacache.build.ray import CacheDatasink, CacheExistsError, build_with_ray
+from yogacache.errors import BuildError
+from yogacache.format.manifest import Manifest
+from yogacache.store import open_store
+from yogacache.store.local import CacheStore
+
+pytestmark = pytest.mark.slow
+REPO = Path(__file__).resolve().parent.parent
+SMALL_PART = 16 << 10
+
+
+@pytest.fixture(scope="module")
+def ray_cluster() -> Iterator[Any]:
+    import ray
+    import ray.data  # noqa: F401
+    ray.init(
+        num_cpus=2,
+        include_dashboard=False,
+        log_to_driver=False,
+        runtime_env={"env_vars": {"PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}},
+    )
+    try:
+        yield ray
+    finally:
+        ray.shutdown()
+
+
+@pytest.fixture
+def s3_target(s3_server: Any, tmp_path: Path) -> dict[str, Any]:
+    return {
+        "type": "s3",
+        "bucket": s3_server.new_bucket(),
+        "bucket_directory_path": "caches",
+        "endpoint_url": s3_server.endpoint_url,
+        "access_key": s3_server.access_key,
+        "secret_key": s3_server.secret_key,
+        "local_cache_host_path": str(tmp_path / "copies"),
+        "local_cache_container_path": str(tmp_path / "copies"),
+    }
+
+
+def bucket_keys(s3_server: Any, target: dict[str, Any]) -> list[str]:
+    listed = s3_server.client().list_objects_v2(Bucket=target["bucket"])
+    return sorted(item["Key"] for item in listed.get("Contents", []))
+
+
+def content(manifest: Manifest) -> list[tuple[int, int, str, Any]]:
+    """What must not depend on who built the cache (Ray part names carry the attempt)."""
+    return [(p.first_record, p.num_records, p.sha256, p.first_key) for p in manifest.parts]
+
+
+def check_records(target: dict[str, Any], expected: list[dict[str, Any]], version: str = "v1") -> Manifest:
+    store = open_store(target, show_progress=False)
+    reader = store.open("ds", version)
+    try:
+        assert len(reader) == len(expected)
+        for i in range(0, len(expected), 5):
+            got = reader[i]
+            assert int(got["id"]) == int(expected[i]["id"]) and got["text"] == expected[i]["text"]
+            np.testing.assert_array_equal(got["x"], expected[i]["x"])
+        return reader.manifest
+    finally:
+        reader.close()
+
+
+def test_ray_tasks_build_the_same_cache_as_local_workers(ray_cluster: Any, s3_target: dict[str, Any], s3_server: Any,
+                                                         tmp_path: Path) -> None:
+    shards = plan_index_shards(DATA[:2000], 4)
+    on_ray = build_with_ray(s3_target, "ds", "v1", shards, part_size_bytes=SMALL_PART, show_progress=False)
+    local = CacheStore(tmp_path / "local", show_progress=False, part_size_bytes=SMALL_PART).build(
+        "ds", "v1", sharded(shards, 2)
+    )
+    assert len(on_ray.parts) > 4 and content(on_ray) == content(local)
+    assert check_records(s3_target, DATA[:2000]).build_id == on_ray.build_id
+    keys = bucket_keys(s3_server, s3_target)
+    assert keys == sorted(["caches/ds/v1/manifest.json", *(f"caches/ds/v1/{on_ray.build_id}-{p.name}" for p in on_ray.parts)])
+    with pytest.raises(CacheExistsError, match="already published"):
+        build_with_ray(s3_target, "ds", "v1", shards, show_progress=False)
+
+
+def test_a_killed_task_is_retried_and_no_record_is_lost_or_doubled(ray_cluster: Any, s3_target: dict[str, Any],
+                                                                  s3_server: Any, tmp_path: Path) -> None:
+    marker = str(tmp_path / "killed")
+    shards = call_shards([functools.partial(killed_once, start, marker) for start in range(0, 500, 100)])
+    manifest = build_with_ray(s3_target, "ds", "v1", shards, part_size_bytes=SMALL_PART, show_progress=False)
+    assert Path(marker).exists()  # the first attempt at shard 2 was SIGKILLed
+    check_records(s3_target, DATA[:500])
+    clean = CacheStore(tmp_path / "clean", show_progress=False, part_size_bytes=SMALL_PART).build(
+        "ds", "v1", sharded(call_shards([functools.partial(records_of, s, s + 100) for s in range(0, 500, 100)]), 1)
+    )
+    assert content(manifest) == content(clean)
+    assert len(bucket_keys(s3_server, s3_target)) == len(manifest.parts) + 1  # no stray attempt
+
+
+def test_a_failed_job_publishes_nothing(ray_cluster: Any, s3_target: dict[str, Any], s3_server: Any) -> None:
+    shards = call_shards([functools.partial(raising_on_three, start) for start in range(0, 500, 100)])
+    with pytest.raises(BuildShardError, match=r"build shard 3 of ds:v1 failed: RuntimeError: bad record 350"):
+        build_with_ray(s3_target, "ds", "v1", shards, show_progress=False)
+    assert bucket_keys(s3_server, s3_target) == []
+    dying = call_shards([functools.partial(killed_always, start) for start in range(0, 300, 100)])
+    with pytest.raises(BuildError, match=r"build shard 2 of ds:v1 died 2 times"):
+        build_with_ray(s3_target, "ds", "v1", dying, max_retries=1, show_progress=False)
+    assert bucket_keys(s3_server, s3_target) == []
+
+
+def test_a_ray_dataset_is_cached_through_write_datasink(ray_cluster: Any, s3_target: dict[str, Any],
+                                                        s3_server: Any) -> None:
+    from ray.data import DataContext
+
+    context = DataContext.get_current()
+    context.execution_options.preserve_order = True
+    items = [{"id": i, "x": np.arange(8, dtype=np.float32) + i, "text": b"r" * (i % 41)} for i in range(1000)]
+    ray_cluster.data.from_items(items, override_num_blocks=4).write_datasink(CacheDatasink(s3_target, "ds", "v1"))
+    manifest = check_records(s3_target, [{**item, "id": np.int64(item["id"])} for item in items])
+    assert manifest.num_records == 1000 and len(manifest.parts) == 4
+    assert len(bucket_keys(s3_server, s3_target)) == 5
