@@ -93,7 +93,8 @@ def test_ray_tasks_build_the_same_cache_as_local_workers(ray_cluster: Any, s3_ta
     assert len(on_ray.parts) > 4 and content(on_ray) == content(local)
     assert check_records(s3_target, DATA[:2000]).build_id == on_ray.build_id
     keys = bucket_keys(s3_server, s3_target)
-    assert keys == sorted(["caches/ds/v1/manifest.json", *(f"caches/ds/v1/{on_ray.build_id}-{p.name}" for p in on_ray.parts)])
+    parts = [f"caches/ds/v1/{on_ray.build_id}-{p.name}" for p in on_ray.parts]
+    assert keys == sorted(["caches/ds/v1/manifest.json", *parts])
     with pytest.raises(CacheExistsError, match="already published"):
         build_with_ray(s3_target, "ds", "v1", shards, show_progress=False)
 

@@ -226,7 +226,9 @@ class DataLayer:
         )
 
 
-def _parallel(make_dataset: Callable[..., Any], workers: Optional[int], build_shards: Optional[int]) -> Callable[..., Any]:
+def _parallel(
+    make_dataset: Callable[..., Any], workers: Optional[int], build_shards: Optional[int]
+) -> Callable[..., Any]:
     """``make_dataset``, or with ``workers`` / ``build_shards`` a function returning a parallel
     build of it (``yogacache.build``: build shards written by ``workers`` processes)."""
     if workers is None and build_shards is None:
