@@ -94,7 +94,8 @@ def run_one(kind: str, jpegs: str, peers: Optional[str]) -> dict[str, Any]:
 def table(results: dict[str, dict[str, Any]], records: int) -> str:
     base = results.get(BASELINE, {}).get("seconds")
     lines = [
-        f"| builder ({records:,} records of 184x184x3 uint8 + int64, JPEG-decoded) | seconds | records/s | vs workers=1 |",
+        f"| builder ({records:,} records of 184x184x3 uint8 + int64, JPEG-decoded) "
+        "| seconds | records/s | vs workers=1 |",
         "|---|---:|---:|---:|",
     ]
     for kind, label in ROWS.items():
