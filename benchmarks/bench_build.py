@@ -37,6 +37,7 @@ ROWS = {
     "mds": "MosaicML MDSWriter (one process)",
 }
 BASELINE = "yogacache-w1"
+ONE_PROCESS = "yogacache-1proc"
 
 
 def measure(kind: str, jpegs: str, directory: str) -> dict[str, Any]:
@@ -93,21 +94,23 @@ def run_one(kind: str, jpegs: str, peers: Optional[str]) -> dict[str, Any]:
 
 def table(results: dict[str, dict[str, Any]], records: int) -> str:
     base = results.get(BASELINE, {}).get("seconds")
+    single = results.get(ONE_PROCESS, {}).get("seconds")
     lines = [
         f"| builder ({records:,} records of 184x184x3 uint8 + int64, JPEG-decoded) "
-        "| seconds | records/s | vs workers=1 |",
-        "|---|---:|---:|---:|",
+        "| seconds | records/s | vs workers=1 | vs one process |",
+        "|---|---:|---:|---:|---:|",
     ]
     for kind, label in ROWS.items():
         result = results.get(kind)
         if result is None:
             continue
         if "error" in result:
-            lines.append(f"| {label} | failed: {result['error']} | | |")
+            lines.append(f"| {label} | failed: {result['error']} | | | |")
             continue
         seconds = result["seconds"]
         ratio = f"{base / seconds:.2f}x" if base else "-"
-        lines.append(f"| {label} | {seconds:.2f} | {records / seconds:,.0f} | {ratio} |")
+        versus_single = f"{single / seconds:.2f}x" if single else "-"
+        lines.append(f"| {label} | {seconds:.2f} | {records / seconds:,.0f} | {ratio} | {versus_single} |")
     return "\n".join(lines)
 
 
