@@ -316,3 +316,27 @@ def functools_partial(function: Any, *args: Any) -> Any:
     import functools
 
     return functools.partial(function, *args)
+
+
+def test_workers_build_then_publish_to_s3(tmp_path: Path, s3_server: Any) -> None:
+    config = {
+        "type": "s3",
+        "bucket": s3_server.new_bucket(),
+        "bucket_directory_path": "caches",
+        "endpoint_url": s3_server.endpoint_url,
+        "access_key": s3_server.access_key,
+        "secret_key": s3_server.secret_key,
+        "local_cache_host_path": str(tmp_path / "node-a"),
+        "local_cache_container_path": str(tmp_path / "node-a"),
+    }
+    layer = DataLayer.from_config(config, rank=0, num_shards=1)
+    make = layer.cache_dataset("ds", "v1", workers=2)(MapStyle)
+    assert len(make(3000)) == 3000
+    reference = CacheStore(tmp_path / "ref", show_progress=False).build("ds", "v1", sharded(MapStyle(3000), 1))
+    # Another node syncs the published cache: the parts it downloads are the same bytes.
+    other = DataLayer.from_config({**config, "local_cache_host_path": str(tmp_path / "node-b"),
+                                   "local_cache_container_path": str(tmp_path / "node-b")})
+    ref = other.cache_dataset("ds", "v1")(MapStyle)(3000)
+    assert [int(e["id"]) for e in ref.stream()][:5] == [0, 1, 2, 3, 4]
+    published = other.store.manifest("ds", "v1")
+    assert shape(published) == shape(reference)
