@@ -9,7 +9,11 @@ failed job publishes nothing and leaves no object behind; a Ray Dataset is cache
 from __future__ import annotations
 
 import functools
+import io
+import logging
 import os
+import re
+import time
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -21,6 +25,7 @@ from yogacache.build import BuildShardError, call_shards, plan_index_shards, sha
 from yogacache.build.ray import CacheDatasink, CacheExistsError, build_with_ray
 from yogacache.errors import BuildError
 from yogacache.format.manifest import Manifest
+from yogacache.progress import Progress
 from yogacache.store import open_store
 from yogacache.store.local import CacheStore
 
@@ -135,3 +140,30 @@ def test_a_ray_dataset_is_cached_through_write_datasink(ray_cluster: Any, s3_tar
     manifest = check_records(s3_target, [{**item, "id": np.int64(item["id"])} for item in items])
     assert manifest.num_records == 1000 and len(manifest.parts) == 4
     assert len(bucket_keys(s3_server, s3_target)) == 5
+
+
+def slow_records(start: int) -> Iterator[dict[str, Any]]:
+    for i in range(start, start + 1200):
+        time.sleep(0.002)
+        yield {"id": np.int64(i)}
+
+
+def test_a_shared_directory_target_and_progress_across_tasks(
+    ray_cluster: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="yogacache.progress")
+    target = f"file://{tmp_path / 'shared'}"
+    (tmp_path / "shared").mkdir()
+    progress = Progress("ds:v1 on Ray", stream=io.StringIO(), interval=0.0, total=4800)
+    shards = call_shards([functools.partial(slow_records, start) for start in range(0, 4800, 1200)])
+    manifest = build_with_ray(target, "ds", "v1", shards, progress=progress)
+    store = open_store(target, local_cache=tmp_path / "copies", show_progress=False)
+    reader = store.open("ds", "v1")
+    assert [int(reader[i]["id"]) for i in range(0, 4800, 97)] == list(range(0, 4800, 97))
+    reader.close()
+    assert manifest.build_id == store.manifest("ds", "v1").build_id
+    lines = [message for message in caplog.messages if "ds:v1 on Ray" in message]
+    counts = [int(m.group(1).replace(",", "")) for m in map(re.compile(r"([\d,]+) of 4,800 records").search, lines) if m]
+    # The tasks' own posts reach the driver: counts that are no whole number of shards.
+    assert any(count % 1200 for count in counts), lines
+    assert "records/s" in lines[-1] and "4,800 records" in lines[-1]
