@@ -163,7 +163,8 @@ def test_a_shared_directory_target_and_progress_across_tasks(
     reader.close()
     assert manifest.build_id == store.manifest("ds", "v1").build_id
     lines = [message for message in caplog.messages if "ds:v1 on Ray" in message]
-    counts = [int(m.group(1).replace(",", "")) for m in map(re.compile(r"([\d,]+) of 4,800 records").search, lines) if m]
+    found = map(re.compile(r"([\d,]+) of 4,800 records").search, lines)
+    counts = [int(m.group(1).replace(",", "")) for m in found if m]
     # The tasks' own posts reach the driver: counts that are no whole number of shards.
     assert any(count % 1200 for count in counts), lines
     assert "records/s" in lines[-1] and "4,800 records" in lines[-1]
