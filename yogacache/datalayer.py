@@ -134,7 +134,8 @@ class DataLayer:
         """Decorates a function returning any dataset (tf.data, a map-style torch dataset, an
         iterable of nested dicts/tuples of arrays, numbers, strings and bytes); the result
         returns the cache as a ``CacheDataRef`` (version ``<version>`` as given), to read with
-        ``stream(...)`` or ``yogacache.torch.CacheDataset``/``CacheIterableDataset``."""
+        ``stream(...)`` or ``yogacache.torch.CacheDataset``/``CacheIterableDataset``. ``workers``
+        and ``build_shards``: a parallel build, as for ``cache_train_dataset``."""
         validate_name(dataset_id, "dataset_id")
         validate_name(dataset_version, "dataset_version")
 
@@ -172,6 +173,8 @@ class DataLayer:
         ``returns`` picks what the decorated function returns: a ``tf.data.Dataset`` ("tf"),
         a ``yogacache.torch.CacheIterableDataset`` ("torch") or a ``Stream`` ("stream").
         ``skip_shuffle_end_of_epoch`` is Determined's spelling of ``skip_shuffle_at_epoch_end``.
+        ``workers=N`` builds a miss with N processes; ``build_shards=K`` makes the function a builder
+        called as ``f(shard_index=i, num_shards=K)`` (see docs/parallel-build.md).
         """
         skip_shuffle_at_epoch_end = skip_shuffle_flag(skip_shuffle_at_epoch_end, skip_shuffle_end_of_epoch)
         return self._decorate(
