@@ -340,3 +340,23 @@ def test_workers_build_then_publish_to_s3(tmp_path: Path, s3_server: Any) -> Non
     assert [int(e["id"]) for e in ref.stream()][:5] == [0, 1, 2, 3, 4]
     published = other.store.manifest("ds", "v1")
     assert shape(published) == shape(reference)
+
+
+class Unpicklable:
+    """A map-style dataset holding something no worker process can receive."""
+
+    def __init__(self) -> None:
+        self.lock = __import__("threading").Lock()
+
+    def __len__(self) -> int:
+        return 10
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        return element(i)
+
+
+def test_a_dataset_that_cannot_reach_a_worker_gets_a_clear_error(tmp_path: Path) -> None:
+    store = CacheStore(tmp_path, show_progress=False)
+    with pytest.raises(BuildError, match=r"build shard 0 could not be run in a worker process: TypeError: .*lock"):
+        store.build("ds", "v1", sharded(Unpicklable(), 2))
+    assert leftovers(tmp_path) == []
