@@ -35,15 +35,15 @@ SMALL_PART = 16 << 10
 
 
 @pytest.fixture(scope="module")
-def ray_cluster() -> Iterator[Any]:
+def ray_cluster(gcs_server: Any) -> Iterator[Any]:
     import ray
     import ray.data  # noqa: F401
-    ray.init(
-        num_cpus=2,
-        include_dashboard=False,
-        log_to_driver=False,
-        runtime_env={"env_vars": {"PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}},
-    )
+
+    env = {
+        "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+        "STORAGE_EMULATOR_HOST": gcs_server.url,  # the tasks reach the GCS emulator too
+    }
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, runtime_env={"env_vars": env})
     try:
         yield ray
     finally:
@@ -168,3 +168,24 @@ def test_a_shared_directory_target_and_progress_across_tasks(
     # The tasks' own posts reach the driver: counts that are no whole number of shards.
     assert any(count % 1200 for count in counts), lines
     assert "records/s" in lines[-1] and "4,800 records" in lines[-1]
+
+
+def test_ray_tasks_write_to_gcs(ray_cluster: Any, gcs_server: Any, tmp_path: Path) -> None:
+    bucket = gcs_server.new_bucket()
+    target = {
+        "type": "gcs",
+        "bucket": bucket,
+        "bucket_directory_path": "caches",
+        "local_cache_host_path": str(tmp_path / "copies"),
+        "local_cache_container_path": str(tmp_path / "copies"),
+    }
+    shards = plan_index_shards(DATA[:1000], 2)
+    manifest = build_with_ray(target, "ds", "v1", shards, part_size_bytes=SMALL_PART, show_progress=False)
+    check_records(target, DATA[:1000])
+    local = CacheStore(tmp_path / "local", show_progress=False, part_size_bytes=SMALL_PART).build(
+        "ds", "v1", sharded(shards, 1)
+    )
+    assert content(manifest) == content(local)
+    names = sorted(blob.name for blob in gcs_server.client().list_blobs(bucket))
+    parts = [f"caches/ds/v1/{manifest.build_id}-{p.name}" for p in manifest.parts]
+    assert names == sorted(["caches/ds/v1/manifest.json", *parts])
