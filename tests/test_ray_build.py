@@ -189,3 +189,55 @@ def test_ray_tasks_write_to_gcs(ray_cluster: Any, gcs_server: Any, tmp_path: Pat
     names = sorted(blob.name for blob in gcs_server.client().list_blobs(bucket))
     parts = [f"caches/ds/v1/{manifest.build_id}-{p.name}" for p in manifest.parts]
     assert names == sorted(["caches/ds/v1/manifest.json", *parts])
+
+
+KILLED_DRIVER = """
+import functools, json, sys
+import ray
+from yogacache.build import call_shards
+from yogacache.build.ray import build_with_ray
+from tests.test_ray_build import slow_records
+
+ray.init(address=sys.argv[1], log_to_driver=False, runtime_env={"env_vars": json.loads(sys.argv[3])})
+shards = call_shards([functools.partial(slow_records, start) for start in range(0, 7200, 1200)])
+build_with_ray(json.loads(sys.argv[2]), "ds", "v1", shards, show_progress=False)
+"""
+
+
+def test_a_killed_driver_publishes_nothing_and_the_next_build_cleans_up(
+    ray_cluster: Any, s3_target: dict[str, Any], s3_server: Any
+) -> None:
+    import json
+    import signal
+    import subprocess
+    import sys
+
+    address = ray_cluster.get_runtime_context().gcs_address
+    env = {"PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    driver = subprocess.Popen(
+        [sys.executable, "-c", KILLED_DRIVER, address, json.dumps(s3_target), json.dumps(env)],
+        env={**os.environ, **env},
+        cwd=REPO,
+    )
+    try:
+        deadline = time.monotonic() + 180
+        while not bucket_keys(s3_server, s3_target):  # a first shard is uploaded
+            assert driver.poll() is None and time.monotonic() < deadline, "the Ray build never uploaded a part"
+            time.sleep(0.2)
+        driver.send_signal(signal.SIGKILL)
+        driver.wait(timeout=30)
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+    orphans = bucket_keys(s3_server, s3_target)
+    assert orphans and "caches/ds/v1/manifest.json" not in orphans
+    store = open_store(s3_target, show_progress=False)
+    assert store.remote_manifest("ds", "v1") is None  # nothing visible
+    shards = call_shards([functools.partial(records_of, s, s + 100) for s in range(0, 300, 100)])
+    manifest = build_with_ray(s3_target, "ds", "v1", shards, show_progress=False)
+    check_records(s3_target, DATA[:300])
+    # What the killed build had uploaded is gone; this build's parts and manifest are there.
+    keys = bucket_keys(s3_server, s3_target)
+    assert not set(orphans) & set(keys)
+    parts = {f"caches/ds/v1/{manifest.build_id}-{p.name}" for p in manifest.parts}
+    assert {"caches/ds/v1/manifest.json", *parts} <= set(keys)
