@@ -241,3 +241,25 @@ def test_a_killed_driver_publishes_nothing_and_the_next_build_cleans_up(
     assert not set(orphans) & set(keys)
     parts = {f"caches/ds/v1/{manifest.build_id}-{p.name}" for p in manifest.parts}
     assert {"caches/ds/v1/manifest.json", *parts} <= set(keys)
+
+
+def test_two_attempts_at_one_shard_publish_one_and_delete_the_other(s3_target: dict[str, Any], s3_server: Any) -> None:
+    """A task that uploaded its parts and then died (its result lost) was re-run: both attempts'
+    parts are in the bucket; the manifest names one, and the other's objects are deleted."""
+    from yogacache.build.ray import _Publication, write_and_upload
+
+    publication = _Publication(s3_target, "ds", "v1")
+    shards = plan_index_shards(DATA[:400], 2)
+    lost = write_and_upload(s3_target, shards[0], 0, "ds", "v1", publication.build_id, 0, SMALL_PART)
+    kept = [
+        write_and_upload(s3_target, shard, index, "ds", "v1", publication.build_id, index * 200, SMALL_PART)
+        for index, shard in enumerate(shards)
+    ]
+    assert lost.attempt != kept[0].attempt and [p.sha256 for p in lost.parts] == [p.sha256 for p in kept[0].parts]
+    with pytest.raises(BuildError, match="reported twice"):
+        publication.commit([lost, *kept])
+    manifest = publication.commit(list(reversed(kept)))  # completion order: shard order is restored
+    assert [p.name.split("-")[1] for p in manifest.parts][0] == "00000" and manifest.num_records == 400
+    check_records(s3_target, DATA[:400])
+    parts = [f"caches/ds/v1/{manifest.build_id}-{p.name}" for p in manifest.parts]
+    assert bucket_keys(s3_server, s3_target) == sorted(["caches/ds/v1/manifest.json", *parts])
