@@ -91,7 +91,7 @@ def killed_always(start: int) -> Iterator[dict[str, Any]]:
 
 def shape(manifest: Manifest) -> list[tuple[str, int, int, str, Any]]:
     """What must be identical whatever the number of workers: every part, in order."""
-    return [(p.name, p.first_record, p.num_records, p.sha256, p.first_key) for p in manifest.parts]
+    return [(p.name, p.first_record, p.num_records, p.digest, p.first_key) for p in manifest.parts]
 
 
 def check_records(store: CacheStore, dataset_version: str, expected: list[dict[str, Any]]) -> None:

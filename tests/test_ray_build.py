@@ -71,7 +71,7 @@ def bucket_keys(s3_server: Any, target: dict[str, Any]) -> list[str]:
 
 def content(manifest: Manifest) -> list[tuple[int, int, str, Any]]:
     """What must not depend on who built the cache (Ray part names carry the attempt)."""
-    return [(p.first_record, p.num_records, p.sha256, p.first_key) for p in manifest.parts]
+    return [(p.first_record, p.num_records, p.digest, p.first_key) for p in manifest.parts]
 
 
 def check_records(target: dict[str, Any], expected: list[dict[str, Any]], version: str = "v1") -> Manifest:
@@ -255,7 +255,7 @@ def test_two_attempts_at_one_shard_publish_one_and_delete_the_other(s3_target: d
         write_and_upload(s3_target, shard, index, "ds", "v1", publication.build_id, index * 200, SMALL_PART)
         for index, shard in enumerate(shards)
     ]
-    assert lost.attempt != kept[0].attempt and [p.sha256 for p in lost.parts] == [p.sha256 for p in kept[0].parts]
+    assert lost.attempt != kept[0].attempt and [p.digest for p in lost.parts] == [p.digest for p in kept[0].parts]
     with pytest.raises(BuildError, match="reported twice"):
         publication.commit([lost, *kept])
     manifest = publication.commit(list(reversed(kept)))  # completion order: shard order is restored

@@ -15,6 +15,7 @@ from yogacache.read.shuffle import (
     ArrayPlan,
     EpochPlan,
     GlobalMode,
+    PartsMode,
     ShardMode,
     ShuffleMode,
     shuffle_mode,
@@ -55,11 +56,11 @@ def ref(tmp_path_factory: pytest.TempPathFactory) -> CacheDataRef:
     return CacheDataRef(store.open("ids", "v1"))
 
 
-def test_the_registry_holds_the_two_modes_by_name() -> None:
-    assert SHUFFLE_MODES == {"shard": ShardMode, "global": GlobalMode}
+def test_the_registry_holds_the_three_modes_by_name() -> None:
+    assert SHUFFLE_MODES == {"shard": ShardMode, "global": GlobalMode, "parts": PartsMode}
     assert shuffle_mode("global") is GlobalMode
-    with pytest.raises(ValueError, match=r"must be one of \('shard', 'global'\), got 'parts'"):
-        shuffle_mode("parts")
+    with pytest.raises(ValueError, match=r"must be one of \('shard', 'global', 'parts'\), got 'local'"):
+        shuffle_mode("local")
 
 
 def test_resume_states_keep_their_format() -> None:

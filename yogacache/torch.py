@@ -34,6 +34,7 @@ from yogacache import launcher
 from yogacache.arguments import skip_shuffle_flag
 from yogacache.format.spec import STRING, Spec, TensorSpec, flatten, spec_leaves, unflatten
 from yogacache.read.options import DEFAULT_SHUFFLE_MODE, ReadOptions
+from yogacache.read.parts_shuffle import PartLayout
 from yogacache.read.pipeline import ReaderSource, ReadSizes, plan_reads
 from yogacache.read.reader import CacheReader
 from yogacache.read.schedule import ReadSchedule
@@ -247,7 +248,7 @@ class CacheIterableDataset(IterableDataset):  # type: ignore[type-arg]
         output: str,
     ) -> None:
         self.reader = reader
-        self.schedule = ReadSchedule(len(reader), options)
+        self.schedule = ReadSchedule(len(reader), options, PartLayout.from_manifest(reader.manifest))
         if batch_size is not None:
             batch_size = operator.index(batch_size)
             if batch_size < 1:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Optional
 
 from yogacache.arguments import as_int
+from yogacache.read.parts_shuffle import DEFAULT_PARTS_WINDOW, parts_window, ranks_per_node
 from yogacache.read.schedule import ResumeState
 from yogacache.read.shuffle import ShardMode, shuffle_mode
 
@@ -42,6 +43,10 @@ class ReadOptions:
             rank reads as many records as the others.
         shuffle_mode: the name of a mode in ``yogacache.read.shuffle.SHUFFLE_MODES``.
         resume_state: a resume state dict (``Stream.state_dict``), instead of ``start_offset``.
+        parts_window: parts mixed at a time in ``"parts"`` mode (each rank then needs as
+            many parts, and one more to read ahead).
+        ranks_per_node: consecutive ranks that share a node (``"parts"`` mode gives each node
+            one run of parts, which its ranks read together); None: unknown, a run per rank.
     """
 
     start_offset: int = 0
@@ -53,6 +58,8 @@ class ReadOptions:
     drop_shard_remainder: bool = False
     shuffle_mode: str = DEFAULT_SHUFFLE_MODE
     resume_state: Optional[Mapping[str, Any]] = None
+    parts_window: int = DEFAULT_PARTS_WINDOW
+    ranks_per_node: Optional[int] = None
 
     def __post_init__(self) -> None:
         def normalize(name: str, value: Any) -> None:
@@ -75,6 +82,9 @@ class ReadOptions:
         if self.shuffle_seed is not None:
             normalize("shuffle_seed", as_int(self.shuffle_seed, "shuffle_seed"))
         mode = shuffle_mode(self.shuffle_mode)
+        normalize("parts_window", parts_window(self))
+        if self.ranks_per_node is not None:
+            normalize("ranks_per_node", ranks_per_node(self))
         if self.resume_state is not None:
             if start_offset:
                 raise ValueError("pass either start_offset or resume_state, not both")
@@ -106,6 +116,8 @@ class ReadOptions:
         *,
         shuffle_mode: str = DEFAULT_SHUFFLE_MODE,
         resume_state: Optional[Mapping[str, Any]] = None,
+        parts_window: int = DEFAULT_PARTS_WINDOW,
+        ranks_per_node: Optional[int] = None,
     ) -> ReadOptions:
         """The options YogaDL's ``DataRef.stream(...)`` arguments (and ours after ``*``) stand for."""
         return cls(
@@ -118,4 +130,6 @@ class ReadOptions:
             drop_shard_remainder=drop_shard_remainder,
             shuffle_mode=shuffle_mode,
             resume_state=resume_state,
+            parts_window=parts_window,
+            ranks_per_node=ranks_per_node,
         )

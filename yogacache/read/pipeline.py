@@ -20,6 +20,7 @@ import numpy as np
 from yogacache.format.manifest import Manifest
 from yogacache.format.spec import Spec
 from yogacache.read.options import ReadOptions
+from yogacache.read.parts_shuffle import PartLayout
 from yogacache.read.reader import CacheReader
 from yogacache.read.schedule import ReadSchedule
 from yogacache.read.shuffle import EpochPlan
@@ -286,7 +287,7 @@ def read_stream(
     reader: CacheReader, options: ReadOptions, *, spec_converter: Optional[Callable[[Spec, str], Any]] = None
 ) -> Stream:
     """The stream of ``reader``'s records that ``options`` define: each iteration the next epoch."""
-    schedule = ReadSchedule(len(reader), options)
+    schedule = ReadSchedule(len(reader), options, PartLayout.from_manifest(reader.manifest))
     sizes = ReadSizes.for_manifest(reader.manifest)
     # One epoch counter and one set of reads, whichever way the stream is iterated.
     reads = EpochReads(reader, schedule, sizes)

@@ -8,6 +8,7 @@ into checkpoints. Pure numpy, no I/O.
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import warnings
 from dataclasses import dataclass
@@ -18,11 +19,14 @@ from yogacache.read.shuffle import ArrayPlan, EpochPlan, GlobalPlan, ShuffleMode
 
 if TYPE_CHECKING:
     from yogacache.read.options import ReadOptions
+    from yogacache.read.parts_shuffle import PartLayout, PartUse
 
 __all__ = ["ArrayPlan", "EpochPlan", "GlobalPlan", "ReadSchedule", "ResumeState", "STATE_VERSION"]
 
 STATE_VERSION = 1
 STATE_KEYS = frozenset({"version", "mode", "epoch", "consumed", "seed", "num_records", "shard_rank", "num_shards"})
+# Keys that only some modes' states hold (``ShuffleMode.state_keys``): the parts mode's split.
+MODE_STATE_KEYS = frozenset({"ranks_per_node", "window", "dealt"})
 
 
 @dataclass(frozen=True)
@@ -31,7 +35,9 @@ class ResumeState:
 
     ``consumed`` is the position in the epoch, which the mode defines: records read by all ranks
     together in global mode, by this rank (of its shard) in shard mode, whose states also name
-    the shard they belong to.
+    the shard they belong to. Parts-mode states also name the split their epoch was cut for
+    (``num_shards``, ``ranks_per_node``), the ``window`` and how much of the rest of an epoch
+    resumed with another split was ``dealt`` (``yogacache.read.parts_shuffle``).
     """
 
     mode: str
@@ -41,6 +47,9 @@ class ResumeState:
     num_records: int
     shard_rank: Optional[int] = None
     num_shards: Optional[int] = None
+    ranks_per_node: Optional[int] = None
+    window: Optional[int] = None
+    dealt: Optional[int] = None
 
     def to_dict(self) -> dict[str, Any]:
         state: dict[str, Any] = {
@@ -54,6 +63,8 @@ class ResumeState:
         if shuffle_mode(self.mode, "resume state mode").resumes_per_shard:
             state["shard_rank"] = self.shard_rank
             state["num_shards"] = self.num_shards
+        for key in shuffle_mode(self.mode, "resume state mode").state_keys:
+            state[key] = getattr(self, key)
         return state
 
     @classmethod
@@ -62,7 +73,7 @@ class ResumeState:
             raise TypeError(f"a resume state is a dict, not {type(state).__name__}")
         if state.get("version", STATE_VERSION) != STATE_VERSION:
             raise ValueError(f"resume state version {state.get('version')!r} is not {STATE_VERSION}")
-        unknown = set(state) - STATE_KEYS
+        unknown = set(state) - STATE_KEYS - MODE_STATE_KEYS
         if unknown:
             raise ValueError(f"resume state has unknown keys {sorted(unknown)}")
         try:
@@ -76,7 +87,7 @@ class ResumeState:
             raise ValueError(f"resume state fields must not be negative: {dict(state)}")
         optional = {
             key: None if state.get(key) is None else as_int(state[key], f"resume state {key}")
-            for key in ("seed", "shard_rank", "num_shards")
+            for key in ("seed", "shard_rank", "num_shards", *sorted(MODE_STATE_KEYS))
         }
         return cls(
             mode=mode,
@@ -86,6 +97,9 @@ class ResumeState:
             seed=optional["seed"],
             shard_rank=optional["shard_rank"],
             num_shards=optional["num_shards"],
+            ranks_per_node=optional["ranks_per_node"],
+            window=optional["window"],
+            dealt=optional["dealt"],
         )
 
 
@@ -106,12 +120,14 @@ class ReadSchedule:
     defines what ``position`` counts (see ``yogacache.read.shuffle``).
     """
 
-    def __init__(self, num_records: int, options: ReadOptions) -> None:
+    def __init__(self, num_records: int, options: ReadOptions, layout: Optional[PartLayout] = None) -> None:
         self.num_records = as_int(num_records, "num_records")
         if self.num_records < 0:
             raise ValueError(f"num_records must not be negative, got {self.num_records}")
         self.options = options
-        self.order: ShuffleMode = shuffle_mode(options.shuffle_mode)(self.num_records, options)
+        # ``layout``: the cache's parts (``PartLayout.from_manifest``), which the parts mode
+        # orders and every mode's ``parts_needed`` reports on.
+        self.order: ShuffleMode = shuffle_mode(options.shuffle_mode).with_layout(self.num_records, options, layout)
         if self.num_records and len(self.order) == 0:
             remainder = " and drop_shard_remainder=True drops them all" if options.drop_shard_remainder else ""
             warnings.warn(
@@ -157,6 +173,11 @@ class ReadSchedule:
         """What this rank reads of ``epoch`` from ``position`` (see ``start``) on."""
         return self.order.plan(epoch, position)
 
+    def parts_needed(self, epoch: int, position: int = 0) -> list[PartUse]:
+        """The parts this rank reads of ``epoch`` from ``position`` on, in order of first use
+        (``ShuffleMode.parts_needed``): what a streaming reader fetches ahead and evicts last."""
+        return self.order.parts_needed(epoch, position)
+
     # -- resume points --------------------------------------------------------------------
     def advance(self, point: tuple[int, int], records: int) -> tuple[int, int]:
         """The ``(epoch, position)`` after this rank read ``records`` more records from ``point``."""
@@ -166,7 +187,7 @@ class ReadSchedule:
         """The resume state (a small dict) after reading ``records`` more records from ``point``."""
         epoch, position = self.advance(point, records)
         per_shard = self.order.resumes_per_shard
-        return ResumeState(
+        state = ResumeState(
             mode=self.mode,
             epoch=epoch,
             consumed=position,
@@ -174,7 +195,8 @@ class ReadSchedule:
             num_records=self.num_records,
             shard_rank=self.shard_rank if per_shard else None,
             num_shards=self.num_shards if per_shard else None,
-        ).to_dict()
+        )
+        return dataclasses.replace(state, **self.order.state_fields(epoch, position)).to_dict()
 
     def resume_point(self, resume_state: Mapping[str, Any]) -> tuple[int, int]:
         """The ``(epoch, position)`` a resume state names, checked against this schedule."""

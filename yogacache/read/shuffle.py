@@ -20,6 +20,14 @@ instance it looks up here, and never branches on the name.
     epochs are exactly those of an uninterrupted run. With ``drop_shard_remainder`` an epoch ends
     at the last multiple of S positions, so every rank reads as many records as the others.
 
+``"parts"`` (``yogacache.read.parts_shuffle``)
+    Each epoch permutes the cache's parts, cuts them into one run per node and mixes records
+    across a window of a few parts at a time: made for streaming, a rank needs few parts at a
+    time and a node its share of them per epoch. Resumes at any world size.
+
+Every mode also answers ``parts_needed(epoch, position)``: the parts a rank reads from a point
+on, in order of first use (what a streaming reader prefetches, and evicts last).
+
 Pure numpy, no I/O. Nothing is stored per record in global mode: a plan maps a slice of
 positions to record indices on demand.
 """
@@ -28,7 +36,7 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar, Optional, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Optional, Protocol
 
 import numpy as np
 
@@ -38,6 +46,7 @@ from yogacache.read.sampler import ShardOrder, check_shuffle, shard_indices
 
 if TYPE_CHECKING:
     from yogacache.read.options import ReadOptions
+    from yogacache.read.parts_shuffle import PartLayout, PartUse
     from yogacache.read.schedule import ResumeState
 
 __all__ = [
@@ -45,6 +54,7 @@ __all__ = [
     "EpochPlan",
     "GlobalMode",
     "GlobalPlan",
+    "PartsMode",
     "SHUFFLE_MODES",
     "ShardMode",
     "ShuffleMode",
@@ -133,9 +143,39 @@ class ShuffleMode(abc.ABC):
     resumes_per_shard: ClassVar[bool] = False
     position_step: int = 1
 
+    #: Keys beyond the common ones that this mode's resume states hold (``ResumeState`` fields).
+    state_keys: ClassVar[tuple[str, ...]] = ()
+    #: The cache's part layout, where the reader gave it (``with_layout``).
+    layout: Optional[PartLayout] = None
+
     def __init__(self, num_records: int, options: ReadOptions) -> None:
         self.num_records = num_records
         self.options = options
+
+    @classmethod
+    def with_layout(cls, num_records: int, options: ReadOptions, layout: Optional[PartLayout] = None) -> ShuffleMode:
+        """The mode over a cache whose parts ``layout`` describes (None: unknown; modes that
+        order parts need it)."""
+        mode = cls(num_records, options)
+        mode.layout = layout
+        return mode
+
+    def state_fields(self, epoch: int, position: int) -> dict[str, Any]:
+        """``ResumeState`` fields of the state at ``(epoch, position)`` beyond the common ones
+        (and ``consumed`` where it is not ``position``)."""
+        return {}
+
+    def parts_needed(self, epoch: int, position: int = 0) -> list[PartUse]:
+        """The parts this rank reads of ``epoch`` from ``position`` on, in order of first use,
+        each with the plan positions (records from ``position``) of its first and last read.
+
+        What a streaming reader fetches ahead, and what it evicts last (the part needed
+        furthest in the future). This default reads the plan's indices: O(records) time and
+        O(parts) memory; modes that order parts answer from their part order. Needs the layout.
+        """
+        if self.layout is None:
+            raise ValueError("parts_needed needs the cache's part layout: build the mode with_layout")
+        return parts_read_in_order(self.plan(epoch, position), self.layout)
 
     @classmethod
     def check(cls, options: ReadOptions) -> None:
@@ -274,10 +314,14 @@ class GlobalMode(ShuffleMode):
         return state.epoch, state.consumed
 
 
+# The parts mode subclasses ShuffleMode in its own module: imported once the base is defined.
+from yogacache.read.parts_shuffle import PartsMode, parts_read_in_order  # noqa: E402
+
 #: Every shuffle mode, by the name users pass as ``shuffle_mode``.
 SHUFFLE_MODES: dict[str, type[ShuffleMode]] = {
     ShardMode.name: ShardMode,
     GlobalMode.name: GlobalMode,
+    PartsMode.name: PartsMode,
 }
 
 
