@@ -44,7 +44,7 @@ def measure(kind: str, jpegs: str, directory: str) -> dict[str, Any]:
     """One yogacache build, in this (fresh) process."""
     from _jpeg import JpegRecords
 
-    from yogacache.build import plan_index_shards, sharded
+    from yogacache.parallel import plan_index_shards, sharded
     from yogacache.store.local import CacheStore
 
     source = JpegRecords(jpegs)
@@ -52,7 +52,7 @@ def measure(kind: str, jpegs: str, directory: str) -> dict[str, Any]:
     if kind == "yogacache-ray2":
         import ray
 
-        from yogacache.build.ray import build_with_ray
+        from yogacache.parallel.ray import build_with_ray
 
         path = os.pathsep.join([REPO, HERE, os.environ.get("PYTHONPATH", "")])
         ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,

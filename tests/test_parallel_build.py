@@ -23,10 +23,10 @@ import numpy as np
 import pytest
 
 from yogacache import CacheNotFoundError
-from yogacache.build import BuildShardError, CallShard, builder_shards, call_shards, plan_index_shards, sharded
 from yogacache.datalayer import DataLayer
 from yogacache.errors import BuildError, UnsupportedDatasetError
 from yogacache.format.manifest import Manifest
+from yogacache.parallel import BuildShardError, CallShard, builder_shards, call_shards, plan_index_shards, sharded
 from yogacache.storage import LFSConfigurations, LFSStorage
 from yogacache.store.local import CacheStore
 
@@ -218,7 +218,7 @@ DRIVER = textwrap.dedent(
     """
     import sys, time
     import numpy as np
-    from yogacache.build import sharded, call_shards
+    from yogacache.parallel import sharded, call_shards
     from tests.test_parallel_build import slow_records
     import functools
     from yogacache.store.local import CacheStore

@@ -21,10 +21,10 @@ import numpy as np
 import pytest
 
 from tests.test_parallel_build import DATA, killed_always, killed_once, raising_on_three, records_of
-from yogacache.build import BuildShardError, call_shards, plan_index_shards, sharded
-from yogacache.build.ray import CacheDatasink, CacheExistsError, build_with_ray
 from yogacache.errors import BuildError
 from yogacache.format.manifest import Manifest
+from yogacache.parallel import BuildShardError, call_shards, plan_index_shards, sharded
+from yogacache.parallel.ray import CacheDatasink, CacheExistsError, build_with_ray
 from yogacache.progress import Progress
 from yogacache.store import open_store
 from yogacache.store.local import CacheStore
@@ -194,8 +194,8 @@ def test_ray_tasks_write_to_gcs(ray_cluster: Any, gcs_server: Any, tmp_path: Pat
 KILLED_DRIVER = """
 import functools, json, sys
 import ray
-from yogacache.build import call_shards
-from yogacache.build.ray import build_with_ray
+from yogacache.parallel import call_shards
+from yogacache.parallel.ray import build_with_ray
 from tests.test_ray_build import slow_records
 
 ray.init(address=sys.argv[1], log_to_driver=False, runtime_env={"env_vars": json.loads(sys.argv[3])})
@@ -246,7 +246,7 @@ def test_a_killed_driver_publishes_nothing_and_the_next_build_cleans_up(
 def test_two_attempts_at_one_shard_publish_one_and_delete_the_other(s3_target: dict[str, Any], s3_server: Any) -> None:
     """A task that uploaded its parts and then died (its result lost) was re-run: both attempts'
     parts are in the bucket; the manifest names one, and the other's objects are deleted."""
-    from yogacache.build.ray import _Publication, write_and_upload
+    from yogacache.parallel.ray import _Publication, write_and_upload
 
     publication = _Publication(s3_target, "ds", "v1")
     shards = plan_index_shards(DATA[:400], 2)

@@ -431,7 +431,7 @@ def positive_int(text: str) -> int:
 def cmd_build(store: Store, args: argparse.Namespace) -> int:
     make_data = load_callable(args.function)
     if args.workers is not None or args.build_shards is not None:
-        from yogacache.build import parallel_maker
+        from yogacache.parallel import parallel_maker
 
         make_data = parallel_maker(make_data, args.workers or 1, args.build_shards)
     manifest = store.build(args.dataset_id, args.version, make_data())

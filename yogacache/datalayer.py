@@ -233,10 +233,10 @@ def _parallel(
     make_dataset: Callable[..., Any], workers: Optional[int], build_shards: Optional[int]
 ) -> Callable[..., Any]:
     """``make_dataset``, or with ``workers`` / ``build_shards`` a function returning a parallel
-    build of it (``yogacache.build``: build shards written by ``workers`` processes)."""
+    build of it (``yogacache.parallel``: build shards written by ``workers`` processes)."""
     if workers is None and build_shards is None:
         return make_dataset
-    from yogacache.build import parallel_maker
+    from yogacache.parallel import parallel_maker
 
     return parallel_maker(make_dataset, workers or 1, build_shards)
 

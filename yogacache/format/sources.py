@@ -183,7 +183,7 @@ class AnnotatedSource:
 
 def sharded_build_of(source: Any) -> Any:
     """The parallel build ``source`` stands for (an object with a ``write_cache`` method, see
-    ``yogacache.build``), looking through an ``AnnotatedSource``; None for any other source."""
+    ``yogacache.parallel``), looking through an ``AnnotatedSource``; None for any other source."""
     inner = source.source if isinstance(source, AnnotatedSource) else source
     return inner if callable(getattr(inner, "write_cache", None)) else None
 

@@ -393,7 +393,7 @@ class CacheWriter:
     def finish_parts(self) -> list[PartInfo]:
         """Syncs and hashes the parts written so far and returns them (``first_record`` counts
         from this writer's first record), without a manifest or a rename: the parts of one build
-        shard, which a parallel build's driver assembles (see ``yogacache.build``). Nothing is
+        shard, which a parallel build's driver assembles (see ``yogacache.parallel``). Nothing is
         written for a writer that got no record."""
         if self._closed:
             raise BuildError(f"writer for {self.dataset_id}:{self.dataset_version} is closed")

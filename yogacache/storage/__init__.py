@@ -37,9 +37,9 @@ class _StoreStorage(Storage):
         A YogaDL cache.mdb in the cache's directory is replaced too, as YogaDL's submit does.
 
         With ``workers``, ``data`` (a map-style dataset, a sequence, or a list of build shards) is
-        built by that many processes (``yogacache.build``); the cache is the same for any number."""
+        built by that many processes (``yogacache.parallel``); the cache is the same for any number."""
         if workers is not None:
-            from yogacache.build import sharded
+            from yogacache.parallel import sharded
 
             data = sharded(data, workers)
         self.store.build(dataset_id, dataset_version, data)

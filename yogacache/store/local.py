@@ -204,7 +204,7 @@ class CacheStore:
         # A dataset of unknown length (one that may never end) is bounded by default.
         limits = self.limits if source.cardinality is not None else self.limits.for_unknown_length(self.root)
         sharded = sharded_build_of(source)
-        if sharded is not None:  # build shards written by worker processes (yogacache.build)
+        if sharded is not None:  # build shards written by worker processes (yogacache.parallel)
             return sharded.write_cache(  # type: ignore[no-any-return]
                 target,
                 dataset_id,
