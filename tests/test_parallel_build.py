@@ -235,19 +235,39 @@ def slow_records(start: int) -> Iterator[dict[str, Any]]:
         yield element(i)
 
 
+def children(pid: int) -> list[int]:
+    """The processes whose parent is ``pid`` (from /proc)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            found.append(int(stat.parent.name))
+    return found
+
+
 def test_a_killed_driver_leaves_nothing_visible_and_the_next_build_cleans_up(tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     driver = subprocess.Popen([sys.executable, "-c", DRIVER, str(tmp_path)], env=env, cwd=REPO)
     try:
         deadline = time.monotonic() + 120
-        while not any((tmp_path / "ds").glob(".v1.tmp-*/.shard-*/*.mdb")):
+        while not any((tmp_path / "ds").glob(".v1.tmp-*/.shard-*")):  # shards being written
             assert driver.poll() is None and time.monotonic() < deadline, "the build never started writing"
             time.sleep(0.05)
+        workers = children(driver.pid)
+        assert workers
         driver.send_signal(signal.SIGKILL)
         driver.wait(timeout=30)
     finally:
         if driver.poll() is None:
             driver.kill()
+    # The orphaned workers notice their driver is gone and exit (they would write for nobody).
+    deadline = time.monotonic() + 60
+    while any(os.path.exists(f"/proc/{pid}") for pid in workers):
+        assert time.monotonic() < deadline, "orphaned workers kept running"
+        time.sleep(0.1)
     store = CacheStore(tmp_path, show_progress=False)
     with pytest.raises(CacheNotFoundError):
         store.open("ds", "v1")

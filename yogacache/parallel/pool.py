@@ -97,6 +97,8 @@ def _init_worker(updates: Any) -> None:
 
 def _run_shard(job: dict[str, Any]) -> ShardResult:
     """Runs in a worker process: writes one shard."""
+    if os.getppid() != job["parent"] or not Path(job["directory"]).is_dir():
+        os._exit(1)  # the driver is gone (and the next build may have removed its directory)
     progress = ShardProgress(job["index"], _updates.put, job["parent"])
     return write_shard(
         job["shard"],
