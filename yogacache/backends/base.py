@@ -14,7 +14,7 @@ import random
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Optional, Protocol, TypeVar
+from typing import Callable, Iterable, Iterator, Optional, Protocol, TypeVar
 from urllib.parse import urlparse
 
 from yogacache.errors import ConfigError, YogaCacheError
@@ -143,6 +143,70 @@ class ObjectStore(Protocol):
 
     def list(self, prefix: str = "") -> list[ObjectInfo]:
         """Every object whose key starts with ``prefix``."""
+        ...
+
+
+# Chunks of a copy that streams through the client: large enough for S3's 5 MiB minimum
+# multipart part, small enough that a few in flight per transfer stay cheap.
+COPY_CHUNK_BYTES = 16 << 20
+
+
+@dataclass(frozen=True)
+class ObjectChecksum:
+    """An object's size and full-object CRC32C, as the store itself reports them.
+
+    ``crc32c`` is base64 of the four big-endian bytes (see ``backends.checksum``); None when the
+    store keeps no full-object CRC32C for this object (an S3 object uploaded without one, or
+    with a composite multipart checksum).
+    """
+
+    size: int
+    crc32c: Optional[str]
+
+
+class CopyableObjectStore(ObjectStore, Protocol):
+    """An object store that can take part in a cache copy: it reports the checksum it computed
+    for an object without sending its bytes, streams objects in and out without a local file,
+    and copies server-side where the source lives on the same service."""
+
+    def checksum(self, key: str) -> Optional[ObjectChecksum]:
+        """The object's size and CRC32C (one metadata request; the directory backend reads the
+        file to compute it); None when the object does not exist."""
+        ...
+
+    def ensure_checksum(self, key: str) -> Optional[ObjectChecksum]:
+        """As ``checksum``, but where the store keeps no CRC32C for the object it is asked to
+        compute one without the bytes passing through the client (S3: the object copied onto
+        itself with ``ChecksumAlgorithm=CRC32C``; same bytes, new ETag). ``crc32c`` stays None
+        only where the store cannot."""
+        ...
+
+    def read_chunks(self, key: str, chunk_bytes: int = COPY_CHUNK_BYTES) -> Iterator[bytes]:
+        """The object's bytes in order, in chunks of about ``chunk_bytes``; FileNotFoundError
+        when it is absent. A failure part-way raises RemoteError (the caller starts over)."""
+        ...
+
+    def write_chunks(
+        self, key: str, chunks: Iterable[bytes], size: int, progress: Optional[ProgressCallback] = None
+    ) -> None:
+        """Stores the concatenated ``chunks`` (``size`` bytes in all) as one object, with its
+        CRC32C computed on the way and handed to the store (which checks it where it can), so that
+        ``checksum`` reports it afterwards. Nothing touches the local disk."""
+        ...
+
+    def copy_from(
+        self,
+        source: ObjectStore,
+        source_key: str,
+        key: str,
+        *,
+        size: int,
+        crc32c: Optional[str] = None,
+        progress: Optional[ProgressCallback] = None,
+    ) -> bool:
+        """Copies ``source_key`` of ``source`` to ``key`` server-side (no byte through the client);
+        False, doing nothing, when ``source`` is not on the same service as this store.
+        ``crc32c``: the source's checksum where known (S3 needs it for a multipart copy)."""
         ...
 
 

@@ -10,11 +10,19 @@ import builtins
 import hashlib
 import os
 import uuid
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Optional
 from urllib.parse import urlparse
 
-from yogacache.backends.base import ObjectInfo, ProgressCallback, join_key
+from yogacache.backends.base import (
+    COPY_CHUNK_BYTES,
+    ObjectChecksum,
+    ObjectInfo,
+    ObjectStore,
+    ProgressCallback,
+    join_key,
+)
 from yogacache.locks import FileLock
 
 _COPY_CHUNK = 8 << 20
@@ -139,6 +147,62 @@ class FileObjectStore:
                 if key.startswith(prefix):
                     found.append(ObjectInfo(key=key, size=full.stat().st_size))
         return sorted(found, key=lambda info: info.key)
+
+    # -- copies (the CopyableObjectStore primitives) ---------------------------------------
+    def checksum(self, key: str) -> Optional[ObjectChecksum]:
+        """A directory keeps no checksums: the file is read to compute its CRC32C."""
+        from yogacache.backends.checksum import crc32c_file
+
+        path = self._path(key)
+        try:
+            if not path.is_file():
+                return None
+            return ObjectChecksum(path.stat().st_size, crc32c_file(path))
+        except FileNotFoundError:
+            return None
+
+    def ensure_checksum(self, key: str) -> Optional[ObjectChecksum]:
+        return self.checksum(key)
+
+    def read_chunks(self, key: str, chunk_bytes: int = COPY_CHUNK_BYTES) -> Iterator[bytes]:
+        path = self._path(key)
+        if not path.is_file():
+            raise FileNotFoundError(f"{self.url(key)} does not exist")
+        with open(path, "rb") as handle:
+            while chunk := handle.read(chunk_bytes):
+                yield chunk
+
+    def write_chunks(
+        self, key: str, chunks: Iterable[bytes], size: int, progress: Optional[ProgressCallback] = None
+    ) -> None:
+        """Written to a temporary file beside the object, synced, then renamed into place."""
+        target = self._path(key)
+        temp = self._temp_beside(target)
+        try:
+            with open(temp, "wb") as handle:
+                for chunk in chunks:
+                    handle.write(chunk)
+                    if progress:
+                        progress(len(chunk))
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.replace(temp, target)
+        finally:
+            if temp.exists():
+                temp.unlink()
+
+    def copy_from(
+        self,
+        source: ObjectStore,
+        source_key: str,
+        key: str,
+        *,
+        size: int,
+        crc32c: Optional[str] = None,
+        progress: Optional[ProgressCallback] = None,
+    ) -> bool:
+        """Never server-side: a directory's bytes pass through this process anyway."""
+        return False
 
 
 def _copy(source: Path, target: Path, progress: Optional[ProgressCallback]) -> None:

@@ -8,19 +8,25 @@ from __future__ import annotations
 
 import io
 import os
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any, Optional
 
 from yogacache.backends.base import (
+    COPY_CHUNK_BYTES,
     DEFAULT_TRANSFER_THREADS,
+    ObjectChecksum,
     ObjectInfo,
+    ObjectStore,
     ProgressCallback,
     RemoteError,
     RetryPolicy,
+    TransferCancelled,
     describe_error,
     join_key,
     split_bucket_url,
 )
+from yogacache.backends.checksum import is_crc32c
 from yogacache.errors import ConfigError
 
 try:
@@ -249,3 +255,141 @@ class GCSObjectStore:
             ]
 
         return self._run("LIST", prefix, call)
+
+    # -- copies (the CopyableObjectStore primitives) ---------------------------------------
+    def checksum(self, key: str) -> Optional[ObjectChecksum]:
+        """The object's metadata: GCS computes ``crc32c`` for every object, composed ones too."""
+
+        def call() -> Optional[ObjectChecksum]:
+            blob = self._bucket.get_blob(join_key(self.prefix, key), retry=None, timeout=self.timeout)
+            if blob is None:
+                return None
+            value = blob.crc32c if is_crc32c(blob.crc32c) else None
+            return ObjectChecksum(int(blob.size or 0), value)
+
+        return self._run("HEAD", key, call)  # type: ignore[no-any-return]
+
+    def ensure_checksum(self, key: str) -> Optional[ObjectChecksum]:
+        return self.checksum(key)  # GCS keeps a CRC32C for every object
+
+    def read_chunks(self, key: str, chunk_bytes: int = COPY_CHUNK_BYTES) -> Iterator[bytes]:
+        """Ranged reads of one generation (pinned by the first), so that a replacement of the
+        object part-way is an error, never a mix of two versions."""
+        found = self.checksum(key)
+        if found is None:
+            raise FileNotFoundError(f"{self.url(key)} does not exist")
+        blob = self._blob(key, chunked=False)
+        generation: Optional[int] = None
+        start = 0
+        while start < found.size:
+            end = min(found.size, start + chunk_bytes) - 1
+            try:
+                chunk = bytes(
+                    blob.download_as_bytes(
+                        start=start,
+                        end=end,
+                        if_generation_match=generation,
+                        checksum=None,
+                        retry=None,
+                        timeout=self.timeout,
+                    )
+                )
+            except gexc.NotFound:
+                raise FileNotFoundError(f"{self.url(key)} does not exist") from None
+            except Exception as error:  # noqa: BLE001 - a failure part-way: the caller starts over
+                raise RemoteError(f"reading {self.url(key)} failed part-way: {self._describe(error)}") from None
+            if generation is None:
+                generation = blob.generation
+            if not chunk:
+                raise RemoteError(f"reading {self.url(key)} ended early at byte {start} of {found.size}")
+            start += len(chunk)
+            yield chunk
+
+    def write_chunks(
+        self, key: str, chunks: Iterable[bytes], size: int, progress: Optional[ProgressCallback] = None
+    ) -> None:
+        """A resumable upload fed from ``chunks``; the library computes the CRC32C on the way and
+        compares it with the one GCS computed (a mismatch deletes the object and raises)."""
+
+        def call() -> None:
+            # The library's default resumable chunk (100 MiB): one request for a part of a usual size.
+            self._blob(key, chunked=False).upload_from_file(
+                _ChunkReader(iter(chunks), progress), size=size, checksum="crc32c", retry=None, timeout=self.timeout
+            )
+
+        # Not retried: the chunks are consumed; the caller starts the object over.
+        try:
+            call()
+        except (RemoteError, FileNotFoundError, TransferCancelled):
+            raise
+        except Exception as error:
+            raise RemoteError(f"upload to {self.url(key)} failed: {self._describe(error)}") from None
+
+    def copy_from(
+        self,
+        source: ObjectStore,
+        source_key: str,
+        key: str,
+        *,
+        size: int,
+        crc32c: Optional[str] = None,
+        progress: Optional[ProgressCallback] = None,
+    ) -> bool:
+        """``Blob.rewrite`` (repeated until done) when ``source`` is GCS: bytes stay in the cloud."""
+        if not isinstance(source, GCSObjectStore):
+            return False
+
+        def call() -> None:
+            target = self._blob(key, chunked=False)
+            origin = source._blob(source_key, chunked=False)
+            token: Optional[str] = None
+            copied = 0
+            while True:
+                try:
+                    token, written, _total = target.rewrite(origin, token=token, retry=None, timeout=self.timeout)
+                except gexc.NotFound:
+                    raise FileNotFoundError(f"{source.url(source_key)} does not exist") from None
+                if progress and written > copied:
+                    progress(written - copied)
+                copied = written
+                if token is None:
+                    return
+
+        self._run("copy to", key, call)
+        return True
+
+
+class _ChunkReader(io.RawIOBase):
+    """A forward-only file over an iterator of byte chunks (what the upload pulls from)."""
+
+    def __init__(self, chunks: Iterator[bytes], progress: Optional[ProgressCallback]) -> None:
+        self._chunks = chunks
+        self._progress = progress
+        self._pending: list[bytes] = []  # chunks not yet handed out, joined once per read
+        self._pending_bytes = 0
+        self._position = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._position
+
+    def read(self, size: int = -1) -> bytes:
+        while size < 0 or self._pending_bytes < size:
+            chunk = next(self._chunks, None)
+            if chunk is None:
+                break
+            self._pending.append(chunk)
+            self._pending_bytes += len(chunk)
+        joined = self._pending[0] if len(self._pending) == 1 else b"".join(self._pending)
+        if size < 0 or size >= len(joined):
+            data, rest = joined, b""
+        else:
+            data, rest = joined[:size], joined[size:]
+        self._pending = [rest] if rest else []
+        self._pending_bytes = len(rest)
+        self._position += len(data)
+        if self._progress and data:
+            self._progress(len(data))
+        return data

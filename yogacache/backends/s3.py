@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import builtins
+import threading
+from collections.abc import Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Optional
 
 from yogacache.backends.base import (
+    COPY_CHUNK_BYTES,
     DEFAULT_TRANSFER_THREADS,
+    ObjectChecksum,
     ObjectInfo,
+    ObjectStore,
     ProgressCallback,
     RemoteError,
     RetryPolicy,
@@ -16,6 +22,7 @@ from yogacache.backends.base import (
     join_key,
     split_bucket_url,
 )
+from yogacache.backends.checksum import Crc32c, crc32c_of, is_crc32c
 
 try:
     import boto3
@@ -30,6 +37,8 @@ _PRECONDITION = {"412", "PreconditionFailed", "ConditionalRequestConflict"}
 _MULTIPART = 64 << 20
 # The server refused the credentials themselves: asking again with the same ones cannot help.
 _BAD_CREDENTIALS = {"InvalidAccessKeyId", "SignatureDoesNotMatch", "InvalidToken", "ExpiredToken"}
+_MAX_COPY_OBJECT = 5 << 30  # CopyObject's limit; larger objects are copied part by part
+_MIN_PART = 5 << 20  # S3's smallest multipart part (but the last)
 _CREDENTIALS_HINT = (
     "set AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY (or AWS_PROFILE), or access_key/secret_key in the config"
 )
@@ -237,3 +246,285 @@ class S3ObjectStore:
 
         return self._run("LIST", prefix, call)
 
+    # -- copies (the CopyableObjectStore primitives) ---------------------------------------
+    # Objects up to this size are copied with one CopyObject; larger ones with UploadPartCopy
+    # in parts of this size (tests lower it to exercise the multipart path).
+    copy_multipart_bytes = _MAX_COPY_OBJECT
+    copy_threads = 8
+
+    def checksum(self, key: str) -> Optional[ObjectChecksum]:
+        """HEAD with ``ChecksumMode=ENABLED``: the full-object CRC32C S3 keeps (None for objects
+        stored without one, or with a composite multipart checksum ``...-N``)."""
+
+        def call() -> Optional[ObjectChecksum]:
+            try:
+                head = self._client.head_object(Bucket=self.bucket, Key=self._key(key), ChecksumMode="ENABLED")
+            except botocore.exceptions.ClientError as error:
+                if _code(error) in _ABSENT:
+                    return None
+                raise
+            value = head.get("ChecksumCRC32C")
+            if head.get("ChecksumType") == "COMPOSITE" or not is_crc32c(value):
+                value = None
+            return ObjectChecksum(int(head["ContentLength"]), value)
+
+        return self._run("HEAD", key, call)  # type: ignore[no-any-return]
+
+    def ensure_checksum(self, key: str) -> Optional[ObjectChecksum]:
+        found = self.checksum(key)
+        if found is None or found.crc32c is not None:
+            return found
+        if found.size > self.copy_multipart_bytes:
+            return found  # CopyObject cannot rewrite it; the caller reads it instead
+        copy_source = {"Bucket": self.bucket, "Key": self._key(key)}
+        self._run(
+            "adding a CRC32C to",
+            key,
+            lambda: self._client.copy_object(
+                Bucket=self.bucket,
+                Key=self._key(key),
+                CopySource=copy_source,
+                ChecksumAlgorithm="CRC32C",
+                MetadataDirective="REPLACE",  # a copy onto itself must change something
+            ),
+        )
+        return self.checksum(key)
+
+    def read_chunks(self, key: str, chunk_bytes: int = COPY_CHUNK_BYTES) -> Iterator[bytes]:
+        def call() -> Any:
+            try:
+                return self._client.get_object(Bucket=self.bucket, Key=self._key(key))
+            except botocore.exceptions.ClientError as error:
+                if _code(error) in _ABSENT:
+                    raise FileNotFoundError(f"{self.url(key)} does not exist") from None
+                raise
+
+        body = self._run("GET", key, call)["Body"]
+        try:
+            while True:
+                try:
+                    chunk = body.read(chunk_bytes)
+                except Exception as error:  # a reset or timeout part-way: the caller starts over
+                    raise RemoteError(f"reading {self.url(key)} failed part-way: {self._describe(error)}") from None
+                if not chunk:
+                    return
+                yield chunk
+        finally:
+            body.close()
+
+    def write_chunks(
+        self, key: str, chunks: Iterable[bytes], size: int, progress: Optional[ProgressCallback] = None
+    ) -> None:
+        """One PutObject for a small object, else a multipart upload with a FULL_OBJECT CRC32C:
+        every part carries its own CRC32C and the completion the whole object's, which S3
+        checks against what it received."""
+        parts = _regroup(chunks, COPY_CHUNK_BYTES)
+        first = next(parts, b"")
+        second = next(parts, None)
+        if second is None:
+            data = first
+            self._run(
+                "PUT",
+                key,
+                lambda: self._client.put_object(
+                    Bucket=self.bucket,
+                    Key=self._key(key),
+                    Body=data,
+                    ChecksumAlgorithm="CRC32C",
+                    ChecksumCRC32C=crc32c_of(data),
+                ),
+            )
+            if progress and data:
+                progress(len(data))
+            return
+        self._multipart_upload(key, _chain(first, second, parts), progress)
+
+    def _multipart_upload(self, key: str, parts: Iterator[bytes], progress: Optional[ProgressCallback]) -> None:
+        upload_id = self._run(
+            "multipart upload to",
+            key,
+            lambda: self._client.create_multipart_upload(
+                Bucket=self.bucket, Key=self._key(key), ChecksumAlgorithm="CRC32C", ChecksumType="FULL_OBJECT"
+            ),
+        )["UploadId"]
+        whole = Crc32c()
+        done: list[dict[str, Any]] = []
+        in_flight = threading.BoundedSemaphore(2)  # reading the next part overlaps two uploads
+
+        def send(number: int, data: bytes, crc: str) -> None:
+            try:
+                response = self._run(
+                    "upload of part to",
+                    key,
+                    lambda: self._client.upload_part(
+                        Bucket=self.bucket,
+                        Key=self._key(key),
+                        UploadId=upload_id,
+                        PartNumber=number,
+                        Body=data,
+                        ChecksumAlgorithm="CRC32C",
+                        ChecksumCRC32C=crc,
+                    ),
+                )
+                done.append({"PartNumber": number, "ETag": response["ETag"], "ChecksumCRC32C": crc})
+                if progress:
+                    progress(len(data))
+            finally:
+                in_flight.release()
+
+        pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="yogacache-s3-part")
+        futures: list[Future[None]] = []
+        try:
+            for number, data in enumerate(parts, start=1):
+                whole.update(data)
+                while not in_flight.acquire(timeout=0.1):
+                    _raise_first(futures)
+                _raise_first(futures)
+                futures.append(pool.submit(send, number, data, crc32c_of(data)))
+            for future in futures:
+                future.result()
+            done.sort(key=lambda part: int(part["PartNumber"]))
+            self._run(
+                "completing multipart upload to",
+                key,
+                lambda: self._client.complete_multipart_upload(
+                    Bucket=self.bucket,
+                    Key=self._key(key),
+                    UploadId=upload_id,
+                    MultipartUpload={"Parts": done},
+                    ChecksumCRC32C=whole.value,
+                    ChecksumType="FULL_OBJECT",
+                ),
+            )
+        except BaseException:
+            pool.shutdown(wait=True, cancel_futures=True)
+            self._abort(key, upload_id)
+            raise
+        pool.shutdown(wait=True)
+
+    def _abort(self, key: str, upload_id: str) -> None:
+        """Best effort: an upload left behind is invisible and removed by a lifecycle rule."""
+        try:
+            self._client.abort_multipart_upload(Bucket=self.bucket, Key=self._key(key), UploadId=upload_id)
+        except Exception:  # noqa: BLE001 - the failure being raised matters more
+            pass
+
+    def copy_from(
+        self,
+        source: ObjectStore,
+        source_key: str,
+        key: str,
+        *,
+        size: int,
+        crc32c: Optional[str] = None,
+        progress: Optional[ProgressCallback] = None,
+    ) -> bool:
+        """CopyObject (UploadPartCopy past ``copy_multipart_bytes``) when ``source`` is a bucket of
+        the same endpoint; S3 computes the copy's CRC32C itself."""
+        if not isinstance(source, S3ObjectStore) or source.endpoint != self.endpoint:
+            return False
+        copy_source = {"Bucket": source.bucket, "Key": source._key(source_key)}
+
+        def absent_is_not_found(call: Any) -> Any:
+            try:
+                return call()
+            except botocore.exceptions.ClientError as error:
+                if _code(error) in _ABSENT:
+                    raise FileNotFoundError(f"{source.url(source_key)} does not exist") from None
+                raise
+
+        if size <= self.copy_multipart_bytes:
+            self._run(
+                "copy to",
+                key,
+                lambda: absent_is_not_found(
+                    lambda: self._client.copy_object(
+                        Bucket=self.bucket, Key=self._key(key), CopySource=copy_source, ChecksumAlgorithm="CRC32C"
+                    )
+                ),
+            )
+            if progress:
+                progress(size)
+            return True
+        # A FULL_OBJECT checksum needs the whole object's CRC32C at completion: known, or composite.
+        kind = {"ChecksumType": "FULL_OBJECT"} if crc32c else {}
+        upload_id = self._run(
+            "multipart copy to",
+            key,
+            lambda: self._client.create_multipart_upload(
+                Bucket=self.bucket, Key=self._key(key), ChecksumAlgorithm="CRC32C", **kind
+            ),
+        )["UploadId"]
+        step = max(_MIN_PART, min(self.copy_multipart_bytes, _MAX_COPY_OBJECT))
+
+        def copy_part(number: int) -> dict[str, Any]:
+            start = (number - 1) * step
+            end = min(size, start + step) - 1
+            result = self._run(
+                "part copy to",
+                key,
+                lambda: absent_is_not_found(
+                    lambda: self._client.upload_part_copy(
+                        Bucket=self.bucket,
+                        Key=self._key(key),
+                        UploadId=upload_id,
+                        PartNumber=number,
+                        CopySource=copy_source,
+                        CopySourceRange=f"bytes={start}-{end}",
+                    )
+                ),
+            )["CopyPartResult"]
+            if progress:
+                progress(end + 1 - start)
+            part = {"PartNumber": number, "ETag": result["ETag"]}
+            if result.get("ChecksumCRC32C"):
+                part["ChecksumCRC32C"] = result["ChecksumCRC32C"]
+            return part
+
+        count = (size + step - 1) // step
+        try:
+            with ThreadPoolExecutor(max_workers=self.copy_threads, thread_name_prefix="yogacache-s3-copy") as pool:
+                parts = list(pool.map(copy_part, range(1, count + 1)))
+            extra = {"ChecksumCRC32C": crc32c, "ChecksumType": "FULL_OBJECT"} if crc32c else {}
+            self._run(
+                "completing multipart copy to",
+                key,
+                lambda: self._client.complete_multipart_upload(
+                    Bucket=self.bucket,
+                    Key=self._key(key),
+                    UploadId=upload_id,
+                    MultipartUpload={"Parts": parts},
+                    **extra,
+                ),
+            )
+        except BaseException:
+            self._abort(key, upload_id)
+            raise
+        return True
+
+
+def _regroup(chunks: Iterable[bytes], size: int) -> Iterator[bytes]:
+    """``chunks`` joined into pieces of ``size`` bytes (the last one shorter)."""
+    buffer = bytearray()
+    for chunk in chunks:
+        if not buffer and len(chunk) == size:
+            yield chunk  # already the right size: no copy
+            continue
+        buffer += chunk
+        while len(buffer) >= size:
+            yield bytes(buffer[:size])
+            del buffer[:size]
+    if buffer:
+        yield bytes(buffer)
+
+
+def _chain(first: bytes, second: bytes, rest: Iterator[bytes]) -> Iterator[bytes]:
+    yield first
+    yield second
+    yield from rest
+
+
+def _raise_first(futures: list[Future[None]]) -> None:
+    for future in futures:
+        if future.done() and future.exception() is not None:
+            raise future.exception()  # type: ignore[misc]

@@ -49,7 +49,12 @@ BUILD_HASH = "blake3"
 @dataclass(frozen=True)
 class PartInfo:
     """One LMDB part file: which records it holds, its exact size and its content hash
-    (``blake3`` for caches built since 0.2, ``sha256`` before; at least one is set)."""
+    (``blake3`` for caches built since 0.2, ``sha256`` before; at least one is set).
+
+    ``crc32c`` (optional; a copy adds it) is the part's CRC32C as S3 and GCS report it (base64
+    of four big-endian bytes): a copy in a bucket is checked against the checksum the cloud
+    computed, without reading the bytes back.
+    """
 
     name: str
     first_record: int
@@ -57,6 +62,7 @@ class PartInfo:
     size_bytes: int
     sha256: Optional[str] = None
     blake3: Optional[str] = None
+    crc32c: Optional[str] = None
     first_key: Optional[int] = None  # the key of the part's first record; None: first_record
 
     @property
@@ -136,6 +142,13 @@ class Manifest:
             "codec": self.codec,
             "extra": self.extra,
         }
+
+    def content_json(self) -> dict[str, Any]:
+        """``to_json`` without the per-part CRC32C: two manifests describe the same cache, part for
+        part, iff these are equal (a copy adds CRC32Cs to a manifest; the bytes are the same)."""
+        raw = self.to_json()
+        raw["parts"] = [{k: v for k, v in part.items() if k != "crc32c"} for part in raw["parts"]]
+        return raw
 
     def to_bytes(self) -> bytes:
         return (json.dumps(self.to_json(), indent=2, sort_keys=True) + "\n").encode("utf-8")
@@ -242,6 +255,7 @@ class Manifest:
 _MAX_COUNT = (1 << 63) - 1
 _HEX_256 = re.compile(r"[0-9a-f]{64}")  # SHA-256 and BLAKE3 (256-bit)
 _HASH_TITLES = {"sha256": "SHA-256", "blake3": "BLAKE3"}
+_CRC32C = re.compile(r"[A-Za-z0-9+/]{6}==")
 # What a malformed element spec can raise while it is parsed.
 _SPEC_ERRORS = (
     KeyError, IndexError, TypeError, ValueError, ArithmeticError, AttributeError, RecursionError, YogaCacheError
@@ -311,11 +325,15 @@ def _part_from_json(raw: Any, where: str) -> PartInfo:
             hashes[name] = value
     if not hashes:
         raise CorruptCacheError(f"manifest {where} has no content hash ('sha256' or 'blake3')")
+    crc32c = raw.get("crc32c")
+    if crc32c is not None and not (isinstance(crc32c, str) and _CRC32C.fullmatch(crc32c)):
+        raise CorruptCacheError(f"manifest {where}: field 'crc32c' is not a base64 CRC32C")
     return PartInfo(
         name=fields.text("name"),
         first_record=fields.count("first_record"),
         num_records=fields.count("num_records"),
         size_bytes=fields.count("size_bytes"),
+        crc32c=crc32c,
         **hashes,
         first_key=fields.count("first_key") if raw.get("first_key") is not None else None,
     )

@@ -59,4 +59,9 @@ def _from_config(config: Optional[StorageConfig], options: dict[str, Any]) -> St
         root = (config.storage_path if config is not None else None) or default_cache_root()
         return CacheStore(root, **options)
     backend = open_backend(config.url, **config.backend_options())
+    if config.mirrors:
+        from yogacache.store.mirrors import MirroredCacheStore
+
+        mirrors = [open_backend(mirror.url, **mirror.backend_options()) for mirror in config.mirrors]
+        return MirroredCacheStore(backend, mirrors, config.local_cache_path or default_cache_root(), **options)
     return RemoteCacheStore(backend, config.local_cache_path or default_cache_root(), **options)

@@ -26,6 +26,7 @@ import threading
 import time
 import uuid
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable, Optional
 
@@ -272,7 +273,7 @@ class RemoteCacheStore:
         the bytes beside it. This user's verification stamps spare re-hashing unchanged files.
         """
         local = self.local_manifest(dataset_id, dataset_version)
-        if local is None or local.to_json() != remote.to_json():
+        if local is None or local.content_json() != remote.content_json():  # CRC32Cs aside
             return None
         directory = self.local.cache_dir(dataset_id, dataset_version)
         damaged = [part for part in remote.parts if not _part_matches(directory / part.name, part)]
@@ -388,7 +389,8 @@ class RemoteCacheStore:
         found = {}
         for part in remote.parts:
             path = target / part.name
-            if part.name in damaged or listed.get(part.name) != part:
+            known = listed.get(part.name)
+            if part.name in damaged or known is None or replace(known, crc32c=None) != replace(part, crc32c=None):
                 continue
             try:
                 st = os.lstat(path)

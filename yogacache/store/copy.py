@@ -1,0 +1,579 @@
+"""Copying a published cache to another storage: parts first, checked against the CRC32C the
+destination computed, then the manifest by a conditional create.
+
+The copy keeps the cache's identity (``build_id``, ``created_at``, part hashes), so a node
+syncing from the destination sees the same build as one syncing from the source. Steps:
+
+1. Read the source manifest; read the destination's. The same build there: only check (and
+   repair) its parts. Another build: refused unless ``replace``.
+2. Per part, in parallel: a destination object of the right size whose CRC32C (as the
+   destination reports it, no bytes read) equals the manifest's is kept (this is what makes an
+   interrupted copy resumable). Otherwise the part is copied server-side where both ends are on
+   one service (S3 CopyObject / UploadPartCopy within one endpoint, GCS rewrite), else streamed
+   through this process without touching its disk, its content hash and CRC32C computed on the way.
+3. Every copied part's destination CRC32C is compared with the expected one.
+4. The manifest, with each part's CRC32C added, is created conditionally (``If-None-Match`` /
+   ``ifGenerationMatch=0``), or replaces exactly the build seen in step 1: of two concurrent
+   copies one publishes and the other finds the same build published.
+
+An interrupted copy leaves part objects but no manifest: readers of the destination see nothing,
+and running the copy again resumes. A later publish of the destination removes parts no manifest
+names (``RemoteCacheStore``'s clean-up).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import queue
+import threading
+from collections.abc import Iterable, Iterator
+from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Mapping, Optional, Union, cast
+
+from yogacache.backends.base import (
+    DEFAULT_TRANSFER_THREADS,
+    CopyableObjectStore,
+    RemoteError,
+    TransferCancelled,
+)
+from yogacache.backends.checksum import Crc32c
+from yogacache.errors import CacheNotFoundError, ConfigError, CorruptCacheError, YogaCacheError
+from yogacache.format.manifest import MANIFEST_NAME, MAX_MANIFEST_BYTES, Manifest, PartInfo
+from yogacache.names import validate_name, validate_version
+from yogacache.progress import TransferProgress
+
+log = logging.getLogger(__name__)
+
+COPY_THREADS = 2 * DEFAULT_TRANSFER_THREADS  # parts copied at once
+_STREAM_ATTEMPTS = 3  # a stream that breaks part-way is started over this often
+_PREFETCH_CHUNKS = 2  # chunks read ahead of the upload, per streamed part
+_POLL_SECONDS = 0.1
+
+
+class CopyRefusedError(YogaCacheError):
+    """The destination holds another build of the cache; replacing it was not asked for."""
+
+
+class CopyConflictError(YogaCacheError):
+    """Another process published a different build at the destination while this copy ran."""
+
+
+@dataclass(frozen=True)
+class CacheLocation:
+    """Where caches live in one storage: its object store and how part objects are named.
+
+    Buckets (and ``file://`` URLs) name parts ``<id>/<version>/<build id>-part-NNNNN.mdb``;
+    a shared_fs directory holds sealed cache directories, ``<id>/<version>/part-NNNNN.mdb``.
+    """
+
+    objects: CopyableObjectStore
+    build_prefixed: bool = True
+
+    def url(self, key: str = "") -> str:
+        return self.objects.url(key)
+
+    def cache_key(self, dataset_id: str, dataset_version: str, name: str = "") -> str:
+        validate_name(dataset_id, "dataset_id")
+        validate_version(dataset_version)
+        return f"{dataset_id}/{dataset_version}/{name}"
+
+    def manifest_key(self, dataset_id: str, dataset_version: str) -> str:
+        return self.cache_key(dataset_id, dataset_version, MANIFEST_NAME)
+
+    def part_key(self, manifest: Manifest, part: PartInfo) -> str:
+        name = f"{manifest.build_id}-{part.name}" if self.build_prefixed else part.name
+        return self.cache_key(manifest.dataset_id, manifest.dataset_version, name)
+
+    def published(self, dataset_id: str, dataset_version: str) -> tuple[Optional[str], Optional[Manifest]]:
+        """(version token, manifest) of the published manifest; (None, None) when there is none;
+        (token, None) when one is there but cannot be read (it can still be replaced)."""
+        key = self.manifest_key(dataset_id, dataset_version)
+        found = self.objects.read(key, max_bytes=MAX_MANIFEST_BYTES)
+        if found is None:
+            return None, None
+        data, token = found
+        if len(data) > MAX_MANIFEST_BYTES:
+            return token, None
+        try:
+            manifest = Manifest.from_bytes(data, self.url(key))
+        except YogaCacheError:
+            return token, None
+        if (manifest.dataset_id, manifest.dataset_version) != (dataset_id, dataset_version):
+            return token, None
+        return token, manifest
+
+
+Target = Union[CacheLocation, str, "os.PathLike[str]", Mapping[str, Any], Any]
+
+
+def open_location(target: Target, *, endpoint_url: Optional[str] = None) -> CacheLocation:
+    """The storage ``target`` names: a URL (``s3://``, ``gs://``, ``file://``), a ``data_layer``
+    mapping or config file, a shared_fs directory, an object store (bucket layout), or a
+    RemoteCacheStore."""
+    from yogacache.backends.files import FileObjectStore
+    from yogacache.backends.registry import open_backend
+    from yogacache.config import SharedFSConfig, StorageConfig, load_config_file, parse_config
+
+    if isinstance(target, CacheLocation):
+        return target
+    if hasattr(target, "read_chunks") and hasattr(target, "copy_from"):  # a CopyableObjectStore
+        return CacheLocation(cast(CopyableObjectStore, target))
+    objects = getattr(target, "objects", None)
+    if objects is not None:  # a RemoteCacheStore
+        return CacheLocation(cast(CopyableObjectStore, objects))
+    config: Optional[StorageConfig]
+    if isinstance(target, (str, os.PathLike)):
+        text = os.fspath(target)
+        if "://" in text:
+            return CacheLocation(cast(CopyableObjectStore, open_backend(text, endpoint_url=endpoint_url)))
+        path = Path(text).expanduser()
+        if not path.exists():
+            raise ConfigError(f"storage {text} does not exist (not a directory, a config file or a URL)")
+        if path.is_dir():
+            return CacheLocation(FileObjectStore(path), build_prefixed=False)
+        config = load_config_file(path)
+    else:
+        config = parse_config(target)
+    if config is None:
+        raise ConfigError("a copy needs a storage to copy from and one to copy to, not the local default")
+    if isinstance(config, SharedFSConfig):
+        if config.storage_path is None:
+            raise ConfigError("a shared_fs storage to copy with needs host_storage_path")
+        return CacheLocation(FileObjectStore(config.storage_path), build_prefixed=False)
+    return CacheLocation(cast(CopyableObjectStore, open_backend(config.url, **config.backend_options())))
+
+
+@dataclass
+class CopyReport:
+    """What one copy did."""
+
+    dataset_id: str
+    dataset_version: str
+    build_id: str
+    source: str
+    destination: str
+    copied_server_side: list[str] = field(default_factory=list)
+    streamed: list[str] = field(default_factory=list)
+    kept: list[str] = field(default_factory=list)  # present and verified at the destination
+    bytes_through_client: int = 0
+    published: bool = False  # this copy created (or replaced) the destination's manifest
+    replaced_build: Optional[str] = None
+
+    @property
+    def copied(self) -> list[str]:
+        return sorted(self.copied_server_side + self.streamed)
+
+
+def copy_cache(
+    source: Target,
+    destination: Target,
+    dataset_id: str,
+    dataset_version: str,
+    *,
+    replace_other: bool = False,
+    threads: int = COPY_THREADS,
+    show_progress: bool = True,
+    endpoint_url: Optional[str] = None,
+) -> CopyReport:
+    """Copies the cache published at ``source`` to ``destination`` (see the module doc).
+
+    Raises CacheNotFoundError when the source has no such cache, CopyRefusedError when the
+    destination holds another build and ``replace_other`` is false, CorruptCacheError when a
+    source part does not match its manifest or a destination part does not match after the copy.
+    """
+    src = open_location(source, endpoint_url=endpoint_url)
+    dst = open_location(destination, endpoint_url=endpoint_url)
+    validate_name(dataset_id, "dataset_id")
+    validate_version(dataset_version)
+    manifest = _source_manifest(src, dataset_id, dataset_version)
+    if any(part.crc32c is None for part in manifest.parts):
+        manifest = add_checksums(src, dataset_id, dataset_version, threads=threads)
+    report = CopyReport(dataset_id, dataset_version, manifest.build_id, src.url(), dst.url())
+    token, existing = dst.published(dataset_id, dataset_version)
+    same = existing is not None and existing.freshness == manifest.freshness
+    if token is not None and not same:
+        what = f"build {existing.build_id} (created {existing.created_at})" if existing else "an unreadable manifest"
+        if not replace_other:
+            raise CopyRefusedError(
+                f"{dst.url(dst.cache_key(dataset_id, dataset_version))} holds {what}, not build "
+                f"{manifest.build_id} of {src.url(src.cache_key(dataset_id, dataset_version))}; "
+                "nothing was copied. Pass --replace (replace_other=True) to replace it"
+            )
+        if not dst.build_prefixed:
+            raise CopyRefusedError(
+                f"{dst.url(dst.cache_key(dataset_id, dataset_version))} holds {what}; a shared_fs "
+                "cache is not replaced in place under its readers: remove it first (yogacache rm)"
+            )
+    parts = _copy_parts(src, dst, manifest, report, threads=threads, show_progress=show_progress)
+    copied = replace(manifest, parts=parts)
+    if same:
+        log.info("%s already holds build %s; its parts were checked", dst.url(), manifest.build_id)
+        return report
+    key = dst.manifest_key(dataset_id, dataset_version)
+    if token is None:
+        written = dst.objects.write(key, copied.to_bytes(), if_absent=True)
+    else:
+        written = dst.objects.write(key, copied.to_bytes(), if_token=token)
+    if written is None:
+        _, now = dst.published(dataset_id, dataset_version)
+        if now is not None and now.freshness == manifest.freshness:
+            log.info("another copy published build %s at %s first", manifest.build_id, dst.url(key))
+            return report
+        raise CopyConflictError(
+            f"another process published {dst.url(key)} while this copy of build {manifest.build_id} "
+            "ran; the other build stays published. Its parts were copied and are removed by the "
+            "next publish there"
+        )
+    report.published = True
+    if existing is not None and existing.build_id != manifest.build_id and dst.build_prefixed:
+        report.replaced_build = existing.build_id
+        prefix = dst.cache_key(dataset_id, dataset_version, f"{existing.build_id}-")
+        for info in dst.objects.list(prefix):
+            dst.objects.delete(info.key)
+    return report
+
+
+def add_checksums(
+    target: Target,
+    dataset_id: str,
+    dataset_version: str,
+    *,
+    threads: int = COPY_THREADS,
+    endpoint_url: Optional[str] = None,
+) -> Manifest:
+    """Adds each part's CRC32C to the manifest of the cache published at ``target`` (caches built
+    before manifests carried it); returns the manifest with them.
+
+    The CRC32C is the one the store computes (GCS always has it; an S3 object without one is
+    copied onto itself with CRC32C, server-side; a directory computes it); only where the store
+    cannot is the part read, and then its content hash is checked on the way. Where the store refuses
+    (a read-only bucket) the part keeps no CRC32C here, with a warning. The manifest is
+    rewritten conditionally on the version read, with the same build id and creation time: nodes
+    holding a copy of the build keep it. Where it cannot be rewritten (no permission, or it
+    changed meanwhile) the checksums are still returned, and a warning says so.
+    """
+    location = open_location(target, endpoint_url=endpoint_url)
+    key = location.manifest_key(dataset_id, dataset_version)
+    found = location.objects.read(key, max_bytes=MAX_MANIFEST_BYTES)
+    manifest = _source_manifest(location, dataset_id, dataset_version, found)
+    token = found[1] if found is not None else None
+    missing = [part for part in manifest.parts if part.crc32c is None]
+    if not missing:
+        return manifest
+
+    def checksum(part: PartInfo) -> PartInfo:
+        part_key = location.part_key(manifest, part)
+        try:
+            reported = location.objects.ensure_checksum(part_key)
+        except RemoteError as error:
+            # Typically a source this process may read but not write: the copy computes the
+            # CRC32C on its own way instead (streamed), or takes the destination's (server-side).
+            log.warning("could not have %s compute a CRC32C of %s: %s", location.url(), part_key, error)
+            return part
+        if reported is None or reported.size != part.size_bytes:
+            raise CorruptCacheError(
+                f"part {part.name} of {location.url(key)} is missing or not {part.size_bytes} bytes at "
+                f"{location.url(part_key)}"
+            )
+        if reported.crc32c is not None:
+            return replace(part, crc32c=reported.crc32c)
+        hashed = _Hashed(location.objects.read_chunks(part_key), part.hash_name)
+        for _ in hashed:
+            pass
+        if hashed.digest != part.digest or hashed.size != part.size_bytes:
+            raise CorruptCacheError(f"part {part.name} at {location.url(part_key)} does not match its manifest")
+        return replace(part, crc32c=hashed.crc32c)
+
+    with ThreadPoolExecutor(max_workers=max(1, min(threads, len(missing))), thread_name_prefix="yogacache-crc") as pool:
+        added = dict(zip([part.name for part in missing], pool.map(checksum, missing)))
+    if all(part.crc32c is None for part in added.values()):
+        return manifest  # the store computed none: nothing to record
+    updated = replace(manifest, parts=tuple(added.get(part.name, part) for part in manifest.parts))
+    try:
+        written = location.objects.write(key, updated.to_bytes(), if_token=token) if token else None
+    except RemoteError as error:
+        written = None
+        log.warning("could not add CRC32Cs to %s (%s); they are used for this copy only", location.url(key), error)
+    if written is not None:
+        log.info("added the CRC32C of %d part(s) to %s", len(missing), location.url(key))
+    return updated
+
+
+def _source_manifest(
+    src: CacheLocation,
+    dataset_id: str,
+    dataset_version: str,
+    found: Optional[tuple[bytes, str]] = None,
+) -> Manifest:
+    key = src.manifest_key(dataset_id, dataset_version)
+    if found is None:
+        found = src.objects.read(key, max_bytes=MAX_MANIFEST_BYTES)
+    if found is None:
+        raise CacheNotFoundError(
+            f"no cache for dataset {dataset_id!r} version {dataset_version!r} at "
+            f"{src.url(src.cache_key(dataset_id, dataset_version))}"
+        )
+    if len(found[0]) > MAX_MANIFEST_BYTES:
+        raise CorruptCacheError(f"manifest {src.url(key)} is larger than {MAX_MANIFEST_BYTES} bytes")
+    manifest = Manifest.from_bytes(found[0], src.url(key))
+    if (manifest.dataset_id, manifest.dataset_version) != (dataset_id, dataset_version):
+        raise CorruptCacheError(
+            f"{src.url(key)} describes {manifest.dataset_id}:{manifest.dataset_version}, "
+            f"not {dataset_id}:{dataset_version}; refused"
+        )
+    return manifest
+
+
+def _copy_parts(
+    src: CacheLocation,
+    dst: CacheLocation,
+    manifest: Manifest,
+    report: CopyReport,
+    *,
+    threads: int,
+    show_progress: bool,
+) -> tuple[PartInfo, ...]:
+    """Copies (or keeps) every part; returns the parts with their CRC32C filled in."""
+    progress = TransferProgress(
+        f"copying {manifest.dataset_id}:{manifest.dataset_version}", manifest.total_size_bytes, enabled=show_progress
+    )
+    cancel = threading.Event()
+    lock = threading.Lock()
+
+    def on_bytes(count: int) -> None:
+        if cancel.is_set():
+            raise TransferCancelled("copy cancelled")
+        progress.add(count)
+
+    def run(part: PartInfo) -> PartInfo:
+        if cancel.is_set():
+            raise TransferCancelled("copy cancelled")
+        try:
+            return _copy_part(src, dst, manifest, part, report, lock, on_bytes, listed)
+        except BaseException:
+            cancel.set()
+            raise
+
+    if not manifest.parts:
+        return ()
+    # One listing says which parts are there at all: only those are asked for their checksum.
+    listed = {
+        info.key: info.size for info in dst.objects.list(dst.cache_key(manifest.dataset_id, manifest.dataset_version))
+    }
+    pool = ThreadPoolExecutor(
+        max_workers=max(1, min(threads, len(manifest.parts))), thread_name_prefix="yogacache-copy"
+    )
+    futures: list[Future[PartInfo]] = [pool.submit(run, part) for part in manifest.parts]
+    try:
+        pending: set[Future[PartInfo]] = set(futures)
+        while pending:
+            # Short waits, so that Ctrl-C reaches the main thread promptly.
+            done, pending = wait(pending, timeout=_POLL_SECONDS, return_when=FIRST_EXCEPTION)
+            failures = [error for error in (f.exception() for f in done) if error is not None]
+            if failures:
+                raise next((e for e in failures if not isinstance(e, TransferCancelled)), failures[0])
+    except BaseException:
+        cancel.set()
+        pool.shutdown(wait=False, cancel_futures=True)
+        wait([f for f in futures if not f.cancelled()], timeout=2.0)
+        progress.close()
+        raise
+    pool.shutdown(wait=True)
+    progress.finish()
+    return tuple(f.result() for f in futures)
+
+
+def _copy_part(
+    src: CacheLocation,
+    dst: CacheLocation,
+    manifest: Manifest,
+    part: PartInfo,
+    report: CopyReport,
+    lock: threading.Lock,
+    on_bytes: Any,
+    listed: dict[str, int],
+) -> PartInfo:
+    source_key, key = src.part_key(manifest, part), dst.part_key(manifest, part)
+    expected = part.crc32c
+    present = dst.objects.checksum(key) if listed.get(key) == part.size_bytes else None
+    if expected is None and present is not None and present.size == part.size_bytes:
+        # A cache from before CRC32C was kept: the source's own checksum, where it has one.
+        found = src.objects.checksum(source_key)
+        expected = found.crc32c if found is not None else None
+    if present is not None and present.size == part.size_bytes and expected and present.crc32c == expected:
+        with lock:
+            report.kept.append(part.name)
+        on_bytes(part.size_bytes)
+        return replace(part, crc32c=expected)
+    if present is not None:
+        log.info(
+            "part %s at %s differs from the source (or cannot be checked); copying it again", part.name, dst.url(key)
+        )
+    if dst.objects.copy_from(src.objects, source_key, key, size=part.size_bytes, crc32c=expected, progress=on_bytes):
+        after = dst.objects.checksum(key)
+        if expected is None:
+            found = src.objects.checksum(source_key)
+            expected = found.crc32c if found is not None else None
+        if expected is None and after is not None:
+            # Neither end kept a CRC32C of the source: the one the destination computed while
+            # copying bytes it never sent us is recorded (the content hash stays the end-to-end check).
+            expected = after.crc32c
+        _check_copied(dst, key, part, after, expected)
+        with lock:
+            report.copied_server_side.append(part.name)
+        return replace(part, crc32c=expected)
+    computed = _stream_part(src, dst, source_key, key, part, on_bytes)
+    if expected is not None and computed != expected:
+        raise CorruptCacheError(
+            f"part {part.name} at {src.url(source_key)} has CRC32C {computed}, its manifest says "
+            f"{expected}: the source is damaged; nothing was published"
+        )
+    _check_copied(dst, key, part, dst.objects.checksum(key), computed)
+    with lock:
+        report.streamed.append(part.name)
+        report.bytes_through_client += part.size_bytes
+    return replace(part, crc32c=computed)
+
+
+def _check_copied(dst: CacheLocation, key: str, part: PartInfo, after: Any, expected: Optional[str]) -> None:
+    """CorruptCacheError unless the destination reports the part's size and CRC32C."""
+    if after is None or after.size != part.size_bytes:
+        raise CorruptCacheError(
+            f"part {part.name} is not at {dst.url(key)} with its {part.size_bytes} bytes after the copy"
+        )
+    if expected is not None and after.crc32c is not None and after.crc32c != expected:
+        raise CorruptCacheError(
+            f"part {part.name} at {dst.url(key)} has CRC32C {after.crc32c} after the copy, not {expected}"
+        )
+
+
+def _stream_part(
+    src: CacheLocation, dst: CacheLocation, source_key: str, key: str, part: PartInfo, on_bytes: Any
+) -> str:
+    """Streams one part through this process (no local file); returns its CRC32C after checking
+    its size and content hash against the manifest (a mismatch deletes the destination object)."""
+    for attempt in range(1, _STREAM_ATTEMPTS + 1):
+        hashed = _Hashed(src.objects.read_chunks(source_key), part.hash_name)
+        sent = 0
+
+        def counted(count: int) -> None:
+            nonlocal sent
+            sent += count
+            on_bytes(count)
+
+        try:
+            dst.objects.write_chunks(key, _prefetched(hashed), part.size_bytes, counted)
+        except RemoteError as error:
+            if attempt == _STREAM_ATTEMPTS:
+                raise
+            log.warning("copying %s to %s failed (%s); starting the part over", source_key, dst.url(key), error)
+            on_bytes(-sent)
+            continue
+        if hashed.size != part.size_bytes or hashed.digest != part.digest:
+            dst.objects.delete(key)
+            raise CorruptCacheError(
+                f"part {part.name} at {src.url(source_key)} does not match its manifest "
+                f"({hashed.size} bytes, {part.hash_name} {hashed.digest[:16]}...): the source is damaged; "
+                "nothing was published"
+            )
+        return hashed.crc32c
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+class _Hashed:
+    """Chunks passed through, the part's content hash (BLAKE3 or SHA-256), CRC32C and size
+    computed on the way."""
+
+    def __init__(self, chunks: Iterable[bytes], algorithm: str) -> None:
+        self._chunks = chunks
+        self._content = _new_digest(algorithm)
+        self._crc32c = Crc32c()
+        self.size = 0
+
+    def __iter__(self) -> Iterator[bytes]:
+        for chunk in self._chunks:
+            self._content.update(chunk)
+            self._crc32c.update(chunk)
+            self.size += len(chunk)
+            yield chunk
+
+    @property
+    def digest(self) -> str:
+        return str(self._content.hexdigest())
+
+    @property
+    def crc32c(self) -> str:
+        return self._crc32c.value
+
+
+def _new_digest(algorithm: str) -> Any:
+    """A hash object of the part hash ``algorithm`` (see ``format.manifest.PART_HASHES``)."""
+    if algorithm == "blake3":
+        import blake3
+
+        return blake3.blake3()
+    if algorithm == "sha256":
+        return hashlib.sha256()
+    raise CorruptCacheError(f"unknown part hash {algorithm!r}")
+
+
+def _prefetched(chunks: Iterable[bytes], depth: int = _PREFETCH_CHUNKS) -> Iterator[bytes]:
+    """``chunks``, read ahead by a thread, so that downloading overlaps uploading."""
+    buffer: queue.Queue[Any] = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+    end = object()
+
+    def put(item: Any) -> bool:
+        while not stop.is_set():
+            try:
+                buffer.put(item, timeout=_POLL_SECONDS)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def produce() -> None:
+        try:
+            for chunk in chunks:
+                if not put(chunk):
+                    return
+            put(end)
+        except BaseException as error:  # handed to the consumer
+            put(error)
+
+    reader = threading.Thread(target=produce, name="yogacache-copy-read", daemon=True)
+    reader.start()
+    try:
+        while True:
+            item = buffer.get()
+            if item is end:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        stop.set()
+        reader.join(timeout=5)
+
+
+def check_copy(
+    target: Target, dataset_id: str, dataset_version: str, *, endpoint_url: Optional[str] = None
+) -> list[str]:
+    """The parts of the cache published at ``target`` whose size or CRC32C, as the store itself
+    reports them (no bytes read from a bucket), differ from the manifest; empty when all match.
+    An object without a CRC32C where the manifest has one was rewritten since: it counts as
+    damaged. Parts whose manifest has no CRC32C (caches never copied) are checked by size only."""
+    location = open_location(target, endpoint_url=endpoint_url)
+    manifest = _source_manifest(location, dataset_id, dataset_version)
+    damaged = []
+    for part in manifest.parts:
+        found = location.objects.checksum(location.part_key(manifest, part))
+        if found is None or found.size != part.size_bytes:
+            damaged.append(part.name)
+        elif part.crc32c is not None and found.crc32c != part.crc32c:
+            damaged.append(part.name)  # another CRC32C, or none: rewritten since it was copied
+    return damaged
