@@ -172,14 +172,14 @@ def test_open_after_damage_then_repair_reads_again(tmp_path: Path) -> None:
 
 def test_future_format_version_is_incompatible(tmp_path: Path) -> None:
     store = build(tmp_path, n=10)
-    rewrite_manifest(tmp_path, lambda raw: raw.update(format_version=2))
+    rewrite_manifest(tmp_path, lambda raw: raw.update(format_version=3))
     manifest_path = str(cache_dir(tmp_path) / MANIFEST_NAME)
-    with pytest.raises(IncompatibleCacheError, match="version 2") as info:
+    with pytest.raises(IncompatibleCacheError, match="version 3") as info:
         store.open("data", "v1")
     assert manifest_path in str(info.value) or str(cache_dir(tmp_path)) in str(info.value)
-    with pytest.raises(IncompatibleCacheError, match="version 2"):
+    with pytest.raises(IncompatibleCacheError, match="version 3"):
         store.verify_cache("data", "v1")
-    with pytest.raises(IncompatibleCacheError, match="version 2"):
+    with pytest.raises(IncompatibleCacheError, match="version 3"):
         LFSStorage(LFSConfigurations(str(tmp_path))).fetch("data", "v1")
 
 

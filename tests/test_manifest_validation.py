@@ -190,14 +190,14 @@ def test_list_marks_a_bad_manifest_and_keeps_the_others(store: CacheStore, conte
 
 def test_list_marks_a_future_format_and_an_unreadable_manifest(store: CacheStore) -> None:
     future = store.cache_dir("data", "v1") / MANIFEST_NAME
-    future.write_bytes(edited(future.read_text(), set_field("format_version", 2)))
+    future.write_bytes(edited(future.read_text(), set_field("format_version", 3)))
     store.build("data", "v2", DATA[:5])
     (store.cache_dir("data", "v2") / MANIFEST_NAME).unlink()
     (store.cache_dir("data", "v2") / MANIFEST_NAME).mkdir()  # not even a file
 
     entries = {e.dataset_version: e for e in store.list()}
 
-    assert entries["v1"].error is not None and "format version 2" in entries["v1"].error
+    assert entries["v1"].error is not None and "format version 3" in entries["v1"].error
     assert entries["v2"].error is not None and "not a file" in entries["v2"].error
 
 

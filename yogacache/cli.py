@@ -465,8 +465,23 @@ def load_callable(spec: str) -> Callable[[], Any]:
     return function  # type: ignore[no-any-return]
 
 
+def positive_int(text: str) -> int:
+    """An argparse type: an integer of at least 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
 def cmd_build(store: Store, args: argparse.Namespace) -> int:
     make_data = load_callable(args.function)
+    if args.workers is not None or args.build_shards is not None:
+        from yogacache.parallel import parallel_maker
+
+        make_data = parallel_maker(make_data, args.workers or 1, args.build_shards)
     manifest = store.build(args.dataset_id, args.version, make_data())
     print(
         f"built {args.dataset_id} {args.version}: {manifest.num_records:,} records, "
@@ -736,6 +751,17 @@ def build_parser() -> argparse.ArgumentParser:
         "function",
         metavar="MODULE:FUNCTION",
         help="a function taking no arguments that returns a tf.data.Dataset, torch dataset or iterable",
+    )
+    build.add_argument(
+        "--workers",
+        type=positive_int,
+        help="build with this many processes (the cache is the same for any number)",
+    )
+    build.add_argument(
+        "--build-shards",
+        type=positive_int,
+        metavar="K",
+        help="call FUNCTION(shard_index=i, num_shards=K) for i < K, one build shard each (a tf.data builder)",
     )
 
     pull = command("pull", cmd_pull, "download (or refresh) the local copy of a remote cache")

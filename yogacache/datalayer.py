@@ -101,6 +101,8 @@ class DataLayer:
         suffix: str,
         read_options: Callable[[launcher.RankInfo], ReadOptions],
         returns: str,
+        workers: Optional[int] = None,
+        build_shards: Optional[int] = None,
     ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
         validate_name(dataset_id, "dataset_id")
         validate_name(dataset_version, "dataset_version")
@@ -109,6 +111,8 @@ class DataLayer:
         version = dataset_version + suffix
 
         def decorator(make_dataset: Callable[..., Any]) -> Callable[..., Any]:
+            make_dataset = _parallel(make_dataset, workers, build_shards)
+
             @functools.wraps(make_dataset)
             def cached(*args: Any, **kwargs: Any) -> Any:
                 ref = cached_dataref(self.store, dataset_id, version, make_dataset, args, kwargs)
@@ -120,16 +124,24 @@ class DataLayer:
         return decorator
 
     def cache_dataset(
-        self, dataset_id: str, dataset_version: str
+        self,
+        dataset_id: str,
+        dataset_version: str,
+        *,
+        workers: Optional[int] = None,
+        build_shards: Optional[int] = None,
     ) -> Callable[[Callable[..., Any]], Callable[..., CacheDataRef]]:
         """Decorates a function returning any dataset (tf.data, a map-style torch dataset, an
         iterable of nested dicts/tuples of arrays, numbers, strings and bytes); the result
         returns the cache as a ``CacheDataRef`` (version ``<version>`` as given), to read with
-        ``stream(...)`` or ``yogacache.torch.CacheDataset``/``CacheIterableDataset``."""
+        ``stream(...)`` or ``yogacache.torch.CacheDataset``/``CacheIterableDataset``. ``workers``
+        and ``build_shards``: a parallel build, as for ``cache_train_dataset``."""
         validate_name(dataset_id, "dataset_id")
         validate_name(dataset_version, "dataset_version")
 
         def decorator(make_dataset: Callable[..., Any]) -> Callable[..., CacheDataRef]:
+            make_dataset = _parallel(make_dataset, workers, build_shards)
+
             @functools.wraps(make_dataset)
             def cached(*args: Any, **kwargs: Any) -> CacheDataRef:
                 return cached_dataref(self.store, dataset_id, dataset_version, make_dataset, args, kwargs)
@@ -149,6 +161,8 @@ class DataLayer:
         shuffle_mode: str = DEFAULT_SHUFFLE_MODE,
         returns: str = "tf",
         skip_shuffle_end_of_epoch: Optional[bool] = None,
+        workers: Optional[int] = None,
+        build_shards: Optional[int] = None,
     ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
         """Decorates a function returning a dataset (tf.data, map-style torch, or any iterable);
         the result returns this rank's cached training shard (version ``<version>_train``,
@@ -159,6 +173,8 @@ class DataLayer:
         ``returns`` picks what the decorated function returns: a ``tf.data.Dataset`` ("tf"),
         a ``yogacache.torch.CacheIterableDataset`` ("torch") or a ``Stream`` ("stream").
         ``skip_shuffle_end_of_epoch`` is Determined's spelling of ``skip_shuffle_at_epoch_end``.
+        ``workers=N`` builds a miss with N processes; ``build_shards=K`` makes the function a builder
+        called as ``f(shard_index=i, num_shards=K)`` (see docs/parallel-build.md).
         """
         skip_shuffle_at_epoch_end = skip_shuffle_flag(skip_shuffle_at_epoch_end, skip_shuffle_end_of_epoch)
         return self._decorate(
@@ -177,10 +193,19 @@ class DataLayer:
                 resume_state=self.resume_state,
             ),
             returns,
+            workers,
+            build_shards,
         )
 
     def cache_validation_dataset(
-        self, dataset_id: str, dataset_version: str, shuffle: bool = False, *, returns: str = "tf"
+        self,
+        dataset_id: str,
+        dataset_version: str,
+        shuffle: bool = False,
+        *,
+        returns: str = "tf",
+        workers: Optional[int] = None,
+        build_shards: Optional[int] = None,
     ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
         """Decorates a function returning a dataset; the result returns this rank's cached
         validation shard (version ``<version>_val``, from the start, same order every epoch),
@@ -199,7 +224,21 @@ class DataLayer:
                 drop_shard_remainder=False,
             ),
             returns,
+            workers,
+            build_shards,
         )
+
+
+def _parallel(
+    make_dataset: Callable[..., Any], workers: Optional[int], build_shards: Optional[int]
+) -> Callable[..., Any]:
+    """``make_dataset``, or with ``workers`` / ``build_shards`` a function returning a parallel
+    build of it (``yogacache.parallel``: build shards written by ``workers`` processes)."""
+    if workers is None and build_shards is None:
+        return make_dataset
+    from yogacache.parallel import parallel_maker
+
+    return parallel_maker(make_dataset, workers or 1, build_shards)
 
 
 def _tf_adapter(ref: CacheDataRef, options: ReadOptions) -> Any:

@@ -200,17 +200,14 @@ def hash_file(path: Path, algorithm: str = BUILD_HASH, chunk_size: int = 8 << 20
     return str(digest.hexdigest())
 
 
-def seal_hashes(path: Path) -> dict[str, str]:
-    """A new part's manifest hashes, from one read of the file: its content hash
-    (``BUILD_HASH``) and, where google-crc32c is installed, the CRC32C that S3 and GCS compute
-    themselves (so that a copy in a bucket is checked without reading it back)."""
-    digest = _new_digest(BUILD_HASH)
+def seal_hashes(path: Path) -> tuple[str, Optional[str]]:
+    """A new part's manifest hashes, from one read of the file: its BLAKE3 (``BUILD_HASH``)
+    and, where google-crc32c is installed, the CRC32C that S3 and GCS compute themselves (so
+    that a copy in a bucket is checked without reading it back), else None."""
+    digest = _new_digest("blake3")
     crc = Crc32c() if checksum.available() else None
     _feed(path, [digest.update] + ([crc.update] if crc is not None else []))
-    hashes = {BUILD_HASH: str(digest.hexdigest())}
-    if crc is not None:
-        hashes["crc32c"] = crc.value
-    return hashes
+    return str(digest.hexdigest()), (crc.value if crc is not None else None)
 
 
 def _new_digest(algorithm: str) -> Any:

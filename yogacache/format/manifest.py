@@ -23,6 +23,9 @@ from yogacache.names import validate_name, validate_version
 
 FORMAT_NAME = "yogacache"
 FORMAT_VERSION = 1
+# Format 2 is format 1 whose parts may say which key their first record has (``first_key``: a
+# parallel build's shard keys its records from 0); this version reads both.
+READ_FORMAT_VERSION = 2
 MANIFEST_NAME = "manifest.json"
 # A manifest of 100,000 parts is about 20 MB: anything larger is not one of ours.
 MAX_MANIFEST_BYTES = 64 << 20
@@ -60,6 +63,12 @@ class PartInfo:
     sha256: Optional[str] = None
     blake3: Optional[str] = None
     crc32c: Optional[str] = None
+    first_key: Optional[int] = None  # the key of the part's first record; None: first_record
+
+    @property
+    def key_shift(self) -> int:
+        """What to subtract from a record's index to get its key in this part."""
+        return 0 if self.first_key is None else self.first_record - self.first_key
 
     @property
     def hash_name(self) -> str:
@@ -160,10 +169,10 @@ class Manifest:
         version = raw.get("format_version")
         if type(version) is not int or version < 1:
             raise CorruptCacheError(f"manifest {where} has no valid format_version")
-        if version > FORMAT_VERSION:
+        if version > READ_FORMAT_VERSION:
             raise IncompatibleCacheError(
                 f"cache at {where} was written in format version {version}; this yogacache "
-                f"reads up to version {FORMAT_VERSION}: upgrade yogacache to read it"
+                f"reads up to version {READ_FORMAT_VERSION}: upgrade yogacache to read it"
             )
         codec = raw.get("codec", LEGACY_CODEC)
         if not isinstance(codec, str):
@@ -326,4 +335,6 @@ def _part_from_json(raw: Any, where: str) -> PartInfo:
         size_bytes=fields.count("size_bytes"),
         crc32c=crc32c,
         **hashes,
+        first_key=fields.count("first_key") if raw.get("first_key") is not None else None,
     )
+

@@ -196,6 +196,13 @@ class AnnotatedSource:
         return self.source.encoded_batches()
 
 
+def sharded_build_of(source: Any) -> Any:
+    """The parallel build ``source`` stands for (an object with a ``write_cache`` method, see
+    ``yogacache.parallel``), looking through an ``AnnotatedSource``; None for any other source."""
+    inner = source.source if isinstance(source, AnnotatedSource) else source
+    return inner if callable(getattr(inner, "write_cache", None)) else None
+
+
 def manifest_extra(source: RecordSource) -> dict[str, Any]:
     """What a build from ``source`` records in its manifest's ``extra`` (usually nothing)."""
     return dict(getattr(source, "manifest_extra", None) or {})
@@ -204,8 +211,8 @@ def manifest_extra(source: RecordSource) -> dict[str, Any]:
 def source_for(data: Any) -> RecordSource:
     """The source that builds a cache from ``data`` (a registered framework's dataset, a
     map-style dataset or an iterable; an ``AnnotatedSource`` as it is)."""
-    if isinstance(data, AnnotatedSource):
-        return data
+    if isinstance(data, AnnotatedSource) or sharded_build_of(data) is not None:
+        return data  # type: ignore[no-any-return]
     for entry in SOURCES:
         if entry.detect(data):
             return entry.load()(data)

@@ -92,7 +92,14 @@ class CacheWriter:
         part_size_bytes: int = DEFAULT_PART_SIZE,
         progress: Optional[Progress] = None,
         initial_map_size: int = _INITIAL_MAP_SIZE,
+        first_key: int = 0,
+        deterministic: bool = False,
     ) -> None:
+        """``first_key``: the key of the first record (a build shard's part may start past 0);
+        ``deterministic``: zero LMDB's unused page space, so the same records give the same bytes
+        (a parallel build's parts hash the same whatever the number of workers)."""
+        self.first_key = first_key
+        self.deterministic = deterministic
         self.target = target
         self.initial_map_size = initial_map_size
         self.dataset_id = dataset_id
@@ -166,7 +173,7 @@ class CacheWriter:
                 f"space under {self.target.parent} ({self._disk_budget} bytes usable); "
                 "nothing was cached"
             )
-        first = self.num_records
+        first = self.num_records + self.first_key
         # 8-byte big-endian keys for the whole batch in one numpy call.
         keys = np.arange(first, first + count, dtype=">u8").view("V8").tolist()
         self.num_records += count
@@ -198,7 +205,7 @@ class CacheWriter:
             lock=False,  # the build lock and the private directory exclude other writers
             sync=False,  # one explicit sync at seal time
             metasync=False,
-            meminit=False,
+            meminit=self.deterministic,
             max_dbs=0,
         )
         self._part_first = self._written
@@ -327,13 +334,15 @@ class CacheWriter:
         if entries != count:
             raise BuildError(f"part {path} holds {entries} records, expected {count}")
         fsync_path(path)
+        content_hash, crc32c = seal_hashes(path)
         self._parts.append(
             PartInfo(
                 name=path.name,
                 first_record=self._part_first,
                 num_records=count,
                 size_bytes=path.stat().st_size,
-                **seal_hashes(path),
+                blake3=content_hash,
+                crc32c=crc32c,
             )
         )
 
@@ -382,6 +391,20 @@ class CacheWriter:
         self._closed = True
         self.progress.finish(self.num_records, self.num_bytes)
         return manifest
+
+    def finish_parts(self) -> list[PartInfo]:
+        """Syncs and hashes the parts written so far and returns them (``first_record`` counts
+        from this writer's first record), without a manifest or a rename: the parts of one build
+        shard, which a parallel build's driver assembles (see ``yogacache.parallel``). Nothing is
+        written for a writer that got no record."""
+        if self._closed:
+            raise BuildError(f"writer for {self.dataset_id}:{self.dataset_version} is closed")
+        self._flush()
+        self._join_thread()
+        self._raise_thread_error()
+        self._close_part()
+        self._closed = True
+        return list(self._parts)
 
     def discard(self) -> None:
         """Drops everything written so far; idempotent."""

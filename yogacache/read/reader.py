@@ -234,6 +234,9 @@ class CacheReader:
             self.manifest.total_size_bytes < _physical_memory() // 2
         )
         self._starts = np.array([p.first_record for p in self.manifest.parts], dtype=np.int64)
+        # Record index - key, per part: 0 except in parallel builds whose shards key from 0.
+        shifts = [p.key_shift for p in self.manifest.parts]
+        self._key_shifts = np.array(shifts, dtype=np.int64) if any(shifts) else None
         # The process that opened the parts and its descriptor number of each, as last sent
         # to another process (see __getstate__).
         self._opener: tuple[int, dict[str, int]] = (os.getpid(), {})
@@ -402,13 +405,16 @@ class CacheReader:
         if len(indices) and (indices.min() < 0 or indices.max() >= self.manifest.num_records):
             raise IndexError(f"record index out of range [0, {self.manifest.num_records})")
         envs = self._environments()
+        shifts = self._key_shifts
         if len(envs) == 1 or len(indices) == 0:
-            return self._read_parts([(envs[0], indices, None)], len(indices), consume) if envs else consume([])
+            keys = indices if shifts is None or not len(envs) else indices - shifts[0]
+            return self._read_parts([(envs[0], keys, None)], len(indices), consume) if envs else consume([])
         owner = np.searchsorted(self._starts, indices, side="right") - 1
         reads: list[tuple[Any, np.ndarray, Optional[np.ndarray]]] = []
         for part_index in np.unique(owner):
             positions = np.nonzero(owner == part_index)[0]
-            reads.append((envs[part_index], indices[positions], positions))
+            keys = indices[positions] if shifts is None else indices[positions] - shifts[part_index]
+            reads.append((envs[part_index], keys, positions))
         return self._read_parts(reads, len(indices), consume)
 
     def _read_parts(

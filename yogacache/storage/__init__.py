@@ -28,11 +28,20 @@ class _StoreStorage(Storage):
 
     store: Any
 
-    def submit(self, data: Any, dataset_id: str, dataset_version: str) -> None:
+    def submit(
+        self, data: Any, dataset_id: str, dataset_version: str, workers: Optional[int] = None
+    ) -> None:
         """Caches ``data``; an existing cache "will be overwritten", as YogaDL documents: a local
         one is replaced atomically, a published one by the store's build, which replaces it
         conditionally on the manifest it saw (of two concurrent submits exactly one wins).
-        A YogaDL cache.mdb in the cache's directory is replaced too, as YogaDL's submit does."""
+        A YogaDL cache.mdb in the cache's directory is replaced too, as YogaDL's submit does.
+
+        With ``workers``, ``data`` (a map-style dataset, a sequence, or a list of build shards) is
+        built by that many processes (``yogacache.parallel``); the cache is the same for any number."""
+        if workers is not None:
+            from yogacache.parallel import sharded
+
+            data = sharded(data, workers)
         self.store.build(dataset_id, dataset_version, data)
 
     def fetch(self, dataset_id: str, dataset_version: str) -> CacheDataRef:

@@ -18,7 +18,7 @@ from yogacache.errors import CacheNotFoundError, ConfigError, CorruptCacheError,
 from yogacache.format.durability import TRASH_MARK, leftovers_of
 from yogacache.format.integrity import Verify
 from yogacache.format.manifest import MANIFEST_NAME, Manifest
-from yogacache.format.sources import RecordSource, manifest_extra, source_for
+from yogacache.format.sources import RecordSource, manifest_extra, sharded_build_of, source_for
 from yogacache.format.writer import DEFAULT_PART_SIZE, BuildLimits, CacheWriter
 from yogacache.locks import FileLock
 from yogacache.malloc import keep_freed_memory
@@ -203,6 +203,17 @@ class CacheStore:
         )
         # A dataset of unknown length (one that may never end) is bounded by default.
         limits = self.limits if source.cardinality is not None else self.limits.for_unknown_length(self.root)
+        sharded = sharded_build_of(source)
+        if sharded is not None:  # build shards written by worker processes (yogacache.parallel)
+            return sharded.write_cache(  # type: ignore[no-any-return]
+                target,
+                dataset_id,
+                dataset_version,
+                limits=limits,
+                part_size_bytes=self.part_size_bytes,
+                progress=progress,
+                extra=manifest_extra(source),
+            )
         with CacheWriter(
             target,
             dataset_id,

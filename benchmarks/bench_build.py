@@ -1,0 +1,148 @@
+"""Parallel build benchmark: a CPU-bound source (JPEG decode of the large records) built by yogacache
+with 1 and 2 local workers and with Ray on 2 CPUs, side by side with LitData ``optimize(num_workers=2)``
+and MosaicML ``MDSWriter`` on the same source. One run; a table with ratios.
+
+Every measurement runs in a fresh process and times the whole build, start-up of its workers or
+Ray cluster included (not the interpreter's start). The JPEGs are encoded once, outside any clock,
+and every builder decodes them with Pillow (``_jpeg.py``). The peers run in ``benchmarks/.venv-peers``
+(see ``bench_torch.py``); a row they cannot run says why.
+
+Usage: ``python benchmarks/bench_build.py [--records N] [--only yogacache-w2,...]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any, Optional
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+
+import _data  # noqa: E402
+
+ROWS = {
+    "yogacache-1proc": "yogacache, one process (no build shards)",
+    "yogacache-w1": "yogacache, workers=1 (build shards, in process)",
+    "yogacache-w2": "yogacache, workers=2 (spawned processes)",
+    "yogacache-ray2": "yogacache on Ray, 2 CPUs (ray.init included)",
+    "litdata": "LitData optimize(num_workers=2)",
+    "mds": "MosaicML MDSWriter (one process)",
+}
+BASELINE = "yogacache-w1"
+ONE_PROCESS = "yogacache-1proc"
+
+
+def measure(kind: str, jpegs: str, directory: str) -> dict[str, Any]:
+    """One yogacache build, in this (fresh) process."""
+    from _jpeg import JpegRecords
+
+    from yogacache.parallel import plan_index_shards, sharded
+    from yogacache.store.local import CacheStore
+
+    source = JpegRecords(jpegs)
+    start = time.perf_counter()
+    if kind == "yogacache-ray2":
+        import ray
+
+        from yogacache.parallel.ray import build_with_ray
+
+        path = os.pathsep.join([REPO, HERE, os.environ.get("PYTHONPATH", "")])
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+                 runtime_env={"env_vars": {"PYTHONPATH": path}})
+        manifest = build_with_ray(f"file://{directory}", "bench", "v1", plan_index_shards(source), show_progress=False)
+        seconds = time.perf_counter() - start
+        ray.shutdown()
+    else:
+        store = CacheStore(directory, show_progress=False)
+        data: Any = source
+        if kind != "yogacache-1proc":
+            data = sharded(source, 2 if kind == "yogacache-w2" else 1)
+        manifest = store.build("bench", "v1", data)
+        seconds = time.perf_counter() - start
+    if manifest.num_records != len(source):
+        raise RuntimeError(f"{kind} cached {manifest.num_records} records, expected {len(source)}")
+    return {"seconds": seconds, "records": manifest.num_records, "bytes": manifest.num_bytes}
+
+
+def run_one(kind: str, jpegs: str, peers: Optional[str]) -> dict[str, Any]:
+    directory = tempfile.mkdtemp(prefix=f"bench-build-{kind}-")
+    try:
+        if kind in ("litdata", "mds"):
+            if peers is None:
+                return {"error": "peers' virtualenv missing (run bench_torch.py once to create it)"}
+            command = [peers, os.path.join(HERE, "_peers_build.py"), kind, "--jpegs", jpegs,
+                       "--dir", os.path.join(directory, "out"), "--workers", "2"]
+            env = dict(os.environ)
+        else:
+            command = [sys.executable, __file__, "--measure", kind, "--jpegs", jpegs, "--dir", directory]
+            env = {**os.environ, "PYTHONPATH": os.pathsep.join([REPO, HERE, os.environ.get("PYTHONPATH", "")])}
+        done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=3600)
+        if done.returncode != 0:
+            return {"error": (done.stderr.strip().splitlines() or ["?"])[-1][:200]}
+        return json.loads(done.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def table(results: dict[str, dict[str, Any]], records: int) -> str:
+    base = results.get(BASELINE, {}).get("seconds")
+    single = results.get(ONE_PROCESS, {}).get("seconds")
+    lines = [
+        f"| builder ({records:,} records of 184x184x3 uint8 + int64, JPEG-decoded) "
+        "| seconds | records/s | vs workers=1 | vs one process |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for kind, label in ROWS.items():
+        result = results.get(kind)
+        if result is None:
+            continue
+        if "error" in result:
+            lines.append(f"| {label} | failed: {result['error']} | | | |")
+            continue
+        seconds = result["seconds"]
+        ratio = f"{base / seconds:.2f}x" if base else "-"
+        versus_single = f"{single / seconds:.2f}x" if single else "-"
+        lines.append(f"| {label} | {seconds:.2f} | {records / seconds:,.0f} | {ratio} | {versus_single} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--records", type=int, default=_data.WORKLOADS["large"]["records"])
+    parser.add_argument("--only", default=",".join(ROWS), help="comma-separated rows: " + ", ".join(ROWS))
+    parser.add_argument("--peers-venv", default=os.path.join(HERE, ".venv-peers"))
+    parser.add_argument("--measure", help=argparse.SUPPRESS)
+    parser.add_argument("--jpegs", help=argparse.SUPPRESS)
+    parser.add_argument("--dir", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.measure:
+        print(json.dumps(measure(args.measure, args.jpegs, args.dir)))
+        return
+    from _jpeg import write_jpegs
+
+    peers = os.path.join(args.peers_venv, "bin", "python")
+    work = tempfile.mkdtemp(prefix="bench-build-")
+    try:
+        jpegs = os.path.join(work, "jpegs.npz")
+        images, labels = _data.make_arrays(args.records, _data.WORKLOADS["large"]["shape"])
+        write_jpegs(jpegs, images, labels)
+        del images
+        results = {}
+        for kind in args.only.split(","):
+            results[kind] = run_one(kind, jpegs, peers if os.path.exists(peers) else None)
+            print(f"{kind}: {results[kind]}", file=sys.stderr, flush=True)
+        print(table(results, args.records))
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

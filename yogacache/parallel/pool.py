@@ -1,0 +1,355 @@
+"""Parallel build on one node: build shards written by spawned worker processes, sealed by the driver.
+
+``ShardedBuild`` is what a store's build is handed instead of a dataset (``sharded(data,
+workers=N)``): its ``write_cache`` runs the shards on ``workers`` fresh processes (``spawn``:
+safe with TensorFlow, CUDA and threads), each shard writing its own parts into the build's
+temporary directory; the driver lists them in shard order in the manifest, written last, and
+renames the directory into place, as a one-process build does. A worker that dies (SIGKILL,
+out of memory) breaks the pool: the shards it left unfinished are written again from scratch
+by a new pool, up to ``retries`` times; an exception in the user's function fails the build
+with a message naming its shard. Whatever fails, nothing is visible and the temporary
+directory goes (or, if the driver itself is killed, the next build removes it).
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+import queue
+import shutil
+import threading
+import uuid
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
+from pathlib import Path
+from typing import Any, Callable, Optional, Sequence
+
+from yogacache.errors import BuildError, YogaCacheError
+from yogacache.format.durability import fsync_path, replace_directory, temp_dir_for, write_file_durably
+from yogacache.format.integrity import stamp_verified
+from yogacache.format.manifest import MANIFEST_NAME, Manifest
+from yogacache.format.spec import Spec
+from yogacache.format.writer import DEFAULT_PART_SIZE, BuildLimits
+from yogacache.parallel.shards import (
+    BuildShard,
+    ShardResult,
+    as_shards,
+    assemble_manifest,
+    builder_shards,
+    known_offsets,
+    write_shard,
+)
+from yogacache.progress import Progress
+
+log = logging.getLogger(__name__)
+
+DEFAULT_RETRIES = 2  # new pools after a worker died, before the build fails
+
+
+class ShardProgress(Progress):
+    """A worker's progress on one shard, sent to the driver, which adds up every worker's."""
+
+    def __init__(self, index: int, send: Callable[[tuple[int, int, int]], Any], parent: int) -> None:
+        super().__init__(f"shard {index}", enabled=False)
+        self.index = index
+        self.send = send
+        self.parent = parent
+
+    def update(self, records: int, size: int) -> None:
+        if self.parent and os.getppid() != self.parent:
+            os._exit(1)  # the driver is gone: nobody will seal what this worker writes
+        self.send((self.index, records, size))
+
+    def finish(self, records: int, size: int) -> None:
+        self.update(records, size)
+
+
+class ProgressTotals:
+    """Adds up the (records, bytes) of every shard in flight and shows them with rate and ETA."""
+
+    def __init__(self, progress: Progress) -> None:
+        self.progress = progress
+        self.shards: dict[int, tuple[int, int]] = {}
+        self.lock = threading.Lock()
+
+    def set(self, index: int, records: int, size: int) -> None:
+        with self.lock:
+            self.shards[index] = (records, size)
+            records_done = sum(r for r, _ in self.shards.values())
+            bytes_done = sum(b for _, b in self.shards.values())
+        self.progress.update(records_done, bytes_done)
+
+    def finish(self) -> tuple[int, int]:
+        with self.lock:
+            done = (sum(r for r, _ in self.shards.values()), sum(b for _, b in self.shards.values()))
+        self.progress.finish(*done)
+        return done
+
+
+_updates: Any = None
+
+
+def _init_worker(updates: Any) -> None:
+    global _updates
+    _updates = updates
+
+
+def _run_shard(job: dict[str, Any]) -> ShardResult:
+    """Runs in a worker process: writes one shard."""
+    if os.getppid() != job["parent"] or not Path(job["directory"]).is_dir():
+        os._exit(1)  # the driver is gone (and the next build may have removed its directory)
+    progress = ShardProgress(job["index"], _updates.put, job["parent"])
+    return write_shard(
+        job["shard"],
+        job["index"],
+        Path(job["directory"]),
+        job["dataset_id"],
+        job["dataset_version"],
+        first_key=job["first_key"],
+        limits=job["limits"],
+        part_size_bytes=job["part_size_bytes"],
+        progress=progress,
+    )
+
+
+def remove_shard_files(directory: Path, index: int) -> None:
+    """Removes what an attempt at shard ``index`` left in the build directory."""
+    for path in directory.glob(f"part-{index:05d}-*"):
+        path.unlink(missing_ok=True)
+    for path in directory.glob(f".shard-{index:05d}*"):
+        shutil.rmtree(path, ignore_errors=True)
+
+
+class ShardedBuild:
+    """A dataset split into build shards, built by ``workers`` processes (see the module doc)."""
+
+    kind = "sharded"
+
+    def __init__(self, shards: Sequence[BuildShard], workers: int = 1, *, retries: int = DEFAULT_RETRIES) -> None:
+        if not shards:
+            raise ValueError("a parallel build needs at least one build shard")
+        if workers < 1:
+            raise ValueError(f"workers must be at least 1, got {workers}")
+        self.shards = list(shards)
+        self.workers = workers
+        self.retries = retries
+        offsets = known_offsets(self.shards)
+        self.cardinality: Optional[int] = None
+        if offsets is not None:
+            self.cardinality = offsets[-1] + int(self.shards[-1].length or 0)
+
+    def __repr__(self) -> str:
+        return f"ShardedBuild({len(self.shards)} shards, workers={self.workers})"
+
+    # A store calls write_cache; these make it a RecordSource for everything else.
+    def spec(self) -> Spec:
+        raise BuildError("a sharded build's spec is known once write_cache has run")
+
+    def encoded_batches(self) -> Any:
+        raise BuildError("a sharded build is written by write_cache, not record by record")
+
+    def write_cache(
+        self,
+        target: Path,
+        dataset_id: str,
+        dataset_version: str,
+        *,
+        limits: BuildLimits = BuildLimits(),
+        part_size_bytes: int = DEFAULT_PART_SIZE,
+        progress: Optional[Progress] = None,
+        extra: Optional[dict[str, Any]] = None,
+    ) -> Manifest:
+        """Builds every shard, then seals the cache at ``target`` (the caller holds its lock)."""
+        build_id = uuid.uuid4().hex
+        target.parent.mkdir(parents=True, exist_ok=True, mode=0o755)
+        directory = temp_dir_for(target, build_id)
+        directory.mkdir(mode=0o755)
+        progress = progress or Progress(f"{dataset_id}:{dataset_version}", enabled=False)
+        try:
+            totals = ProgressTotals(progress)
+            results = self._run(directory, dataset_id, dataset_version, limits, part_size_bytes, totals)
+            manifest = assemble_manifest(results, dataset_id, dataset_version, build_id=build_id, extra=extra)
+            if limits.max_records is not None and manifest.num_records > limits.max_records:
+                raise BuildError(
+                    f"dataset {dataset_id}:{dataset_version} has more than {limits.max_records} records "
+                    "(max_records); nothing was cached"
+                )
+            for leftover in directory.glob(".shard-*"):
+                shutil.rmtree(leftover, ignore_errors=True)
+            stamp_verified(directory, manifest)
+            write_file_durably(directory / MANIFEST_NAME, manifest.to_bytes())
+            fsync_path(directory)
+            replace_directory(directory, target)
+        except BaseException:
+            shutil.rmtree(directory, ignore_errors=True)
+            raise
+        progress.finish(manifest.num_records, manifest.num_bytes)
+        log.info(
+            "cached %s:%s from %d build shards on %d workers: %d records in %s",
+            dataset_id, dataset_version, len(self.shards), self.workers, manifest.num_records, target,
+        )
+        return manifest
+
+    def _jobs(
+        self, directory: Path, dataset_id: str, dataset_version: str, limits: BuildLimits, part_size_bytes: int
+    ) -> list[dict[str, Any]]:
+        offsets = known_offsets(self.shards)
+        return [
+            dict(
+                shard=shard,
+                index=index,
+                directory=str(directory),
+                dataset_id=dataset_id,
+                dataset_version=dataset_version,
+                first_key=offsets[index] if offsets is not None else 0,
+                limits=limits,
+                part_size_bytes=part_size_bytes,
+                parent=os.getpid(),
+            )
+            for index, shard in enumerate(self.shards)
+        ]
+
+    def _run(
+        self,
+        directory: Path,
+        dataset_id: str,
+        dataset_version: str,
+        limits: BuildLimits,
+        part_size_bytes: int,
+        totals: ProgressTotals,
+    ) -> list[ShardResult]:
+        jobs = self._jobs(directory, dataset_id, dataset_version, limits, part_size_bytes)
+        if self.workers == 1:  # in this process: the same parts, without starting one
+            results = []
+            for job in jobs:
+                progress = ShardProgress(job["index"], lambda update: totals.set(*update), 0)
+                results.append(
+                    write_shard(
+                        job["shard"], job["index"], directory, dataset_id, dataset_version,
+                        first_key=job["first_key"], limits=limits, part_size_bytes=part_size_bytes, progress=progress,
+                    )
+                )
+            return results
+        done: dict[int, ShardResult] = {}
+        for attempt in range(self.retries + 1):
+            pending = [job for job in jobs if job["index"] not in done]
+            try:
+                self._run_pool(pending, done, totals)
+                return [done[i] for i in range(len(jobs))]
+            except BrokenProcessPool:
+                lost = sorted(job["index"] for job in pending if job["index"] not in done)
+                for index in lost:
+                    remove_shard_files(directory, index)
+                    totals.set(index, 0, 0)
+                if attempt == self.retries:
+                    raise BuildError(
+                        f"a worker process building {dataset_id}:{dataset_version} died (killed, or out of "
+                        f"memory) while build shards {_ranges(lost)} were being written, {self.retries + 1} "
+                        "times; nothing was cached"
+                    ) from None
+                log.warning(
+                    "a worker process building %s:%s died; writing build shards %s again",
+                    dataset_id, dataset_version, _ranges(lost),
+                )
+        raise AssertionError("unreachable")
+
+    def _run_pool(self, jobs: list[dict[str, Any]], done: dict[int, ShardResult], totals: ProgressTotals) -> None:
+        context = multiprocessing.get_context("spawn")
+        updates = context.Queue()
+        stop = threading.Event()
+        pump = threading.Thread(
+            target=_pump, args=(updates, totals, stop), name="yogacache-build-progress", daemon=True
+        )
+        pump.start()
+        pool = ProcessPoolExecutor(
+            max_workers=min(self.workers, len(jobs)), mp_context=context, initializer=_init_worker, initargs=(updates,)
+        )
+        futures: dict[Future[ShardResult], int] = {pool.submit(_run_shard, job): job["index"] for job in jobs}
+        try:
+            pending = set(futures)
+            while pending:
+                finished, pending = wait(pending, timeout=0.5, return_when=FIRST_COMPLETED)
+                for future in finished:
+                    try:
+                        result = future.result()  # the shard's error, or BrokenProcessPool
+                    except (YogaCacheError, BrokenProcessPool):
+                        raise
+                    except Exception as error:  # the shard could not be sent to a worker
+                        raise BuildError(
+                            f"build shard {futures[future]} could not be run in a worker process: "
+                            f"{type(error).__name__}: {error}"
+                        ) from None
+                    done[result.index] = result
+                    totals.set(result.index, result.num_records, result.num_bytes)
+        except BaseException:
+            _stop_pool(pool)
+            raise
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
+            stop.set()
+            pump.join()
+            updates.close()
+            updates.join_thread()
+
+
+def _pump(updates: Any, totals: ProgressTotals, stop: threading.Event) -> None:
+    while not stop.is_set():
+        try:
+            index, records, size = updates.get(timeout=0.2)
+        except queue.Empty:
+            continue
+        except (EOFError, OSError, ValueError):
+            return
+        totals.set(index, records, size)
+
+
+def _stop_pool(pool: ProcessPoolExecutor) -> None:
+    """Stops a failed build's workers now (their shards are discarded anyway)."""
+    processes = list((getattr(pool, "_processes", None) or {}).values())
+    pool.shutdown(wait=False, cancel_futures=True)
+    for process in processes:
+        if process.is_alive():
+            process.terminate()
+    for process in processes:
+        process.join(timeout=5)
+
+
+def _ranges(indices: Sequence[int]) -> str:
+    return ", ".join(str(i) for i in indices[:20]) + (f" and {len(indices) - 20} more" if len(indices) > 20 else "")
+
+
+def sharded(
+    data: Any,
+    workers: int = 1,
+    *,
+    build_shards: Optional[int] = None,
+    retries: int = DEFAULT_RETRIES,
+) -> ShardedBuild:
+    """A parallel build of ``data`` on ``workers`` processes, to hand to any build in place of
+    the dataset (``store.build(id, version, sharded(data, workers=4))``).
+
+    ``data`` is a map-style dataset or a sequence (split into index ranges, ``build_shards`` of
+    them, by default a number that depends on its length only), a list of callables each
+    returning a dataset (one shard each), or a list of ``BuildShard``.
+    """
+    if isinstance(data, ShardedBuild):
+        return data
+    return ShardedBuild(as_shards(data, build_shards), workers, retries=retries)
+
+
+def parallel_maker(
+    make_dataset: Callable[..., Any], workers: int, build_shards: Optional[int] = None
+) -> Callable[..., Any]:
+    """``make_dataset`` turned into a function returning a ``ShardedBuild``: with ``build_shards``,
+    a builder called in the workers as ``make_dataset(*args, shard_index=i, num_shards=build_shards,
+    **kwargs)``; without, the dataset it returns is split into index ranges."""
+    import functools
+
+    @functools.wraps(make_dataset)
+    def make(*args: Any, **kwargs: Any) -> ShardedBuild:
+        if build_shards is not None:
+            return ShardedBuild(builder_shards(make_dataset, build_shards, args, kwargs), workers)
+        return sharded(make_dataset(*args, **kwargs), workers)
+
+    return make
