@@ -16,8 +16,8 @@ from __future__ import annotations
 import datetime
 import importlib
 import math
+import multiprocessing.reduction
 import os
-import pickle
 import shutil
 import uuid
 from dataclasses import dataclass, field, replace
@@ -65,9 +65,10 @@ class _FunctionRef:
 def _portable(function: Callable[..., Any]) -> Any:
     """``function`` if a worker process can receive it as it is, else a reference by name."""
     try:
-        pickle.dumps(function)  # the worker's task arguments only: records are never pickled
+        # What the spawn start method does to a task's arguments (the recipe, never a record).
+        multiprocessing.reduction.ForkingPickler.dumps(function)
         return function
-    except (pickle.PicklingError, AttributeError, TypeError):
+    except Exception:  # PicklingError, AttributeError, TypeError: not sendable as it is
         if "<locals>" in getattr(function, "__qualname__", "<locals>") or not getattr(function, "__module__", None):
             raise BuildError(
                 f"{getattr(function, '__qualname__', function)!r} cannot be sent to a worker process: "
