@@ -266,6 +266,7 @@ class EpochReads:
                 while len(self._plans) >= 2:  # iterators of neighbouring epochs may overlap
                     del self._plans[min(self._plans)]
                 self._plans[epoch] = plan
+                self._reader.expect_plan(plan)  # a streamed cache fetches the epoch's parts ahead
         return plan
 
     def indices(self, epoch: int, read: int) -> np.ndarray:

@@ -7,6 +7,7 @@ nothing (the local default).
 
 from __future__ import annotations
 
+import functools
 import os
 from pathlib import Path
 from typing import Any, Mapping, Optional, Union
@@ -59,4 +60,11 @@ def _from_config(config: Optional[StorageConfig], options: dict[str, Any]) -> St
         root = (config.storage_path if config is not None else None) or default_cache_root()
         return CacheStore(root, **options)
     backend = open_backend(config.url, **config.backend_options())
-    return RemoteCacheStore(backend, config.local_cache_path or default_cache_root(), **options)
+    return RemoteCacheStore(
+        backend,
+        config.local_cache_path or default_cache_root(),
+        **options,
+        streaming=config.streaming,
+        local_cache_limit=config.local_cache_limit,
+        objects_factory=functools.partial(open_backend, config.url, **config.backend_options()),
+    )

@@ -162,8 +162,18 @@ class RemoteCacheStore:
         wait_timeout: Optional[float] = None,
         transfer_threads: int = DEFAULT_TRANSFER_THREADS,
         show_progress: bool = True,
+        streaming: bool = False,
+        local_cache_limit: Optional[int] = None,
+        objects_factory: Optional[Callable[[], ObjectStore]] = None,
     ) -> None:
+        """``streaming``: read published caches by streaming their parts (see
+        ``store.streaming``); ``local_cache_limit``: the byte budget of this node's local copies
+        and streamed parts (a cache larger than it is streamed); ``objects_factory`` makes
+        another client of the same object store in another process (spawned DataLoader workers)."""
         self.objects = objects
+        self.streaming = streaming
+        self.local_cache_limit = local_cache_limit
+        self.objects_factory = objects_factory
         root = local_copies_root(local_root)  # per user under a shared /tmp: see store.localroot
         self.local = CacheStore(
             root.path,
@@ -256,10 +266,24 @@ class RemoteCacheStore:
     def sync(self, dataset_id: str, dataset_version: str, remote: Manifest) -> CacheReader:
         """Makes the local copy the published build ``remote`` (verified), then opens it."""
         if self._damaged_parts(dataset_id, dataset_version, remote) != []:
+            if self.streams(remote):
+                from yogacache.store.streaming import stream_cache
+
+                return stream_cache(self, remote, limit=self.local_cache_limit, objects_factory=self.objects_factory)
             downloader = waiter(dataset_id, dataset_version, "downloading")
             with self.local.lock(dataset_id, dataset_version, on_wait=downloader):
                 self._sync_locked(dataset_id, dataset_version, remote)
+        if self.local_cache_limit is not None:
+            from yogacache.store.budget import copy_item, process_lease
+
+            process_lease(self.local.root).hold(copy_item(dataset_id, dataset_version))  # in use
         return self.local.open(dataset_id, dataset_version)
+
+    def streams(self, remote: Manifest) -> bool:
+        """Whether ``remote`` is read by streaming its parts: when asked for, or when it is larger
+        than the local budget."""
+        limit = self.local_cache_limit
+        return self.streaming or (limit is not None and remote.total_size_bytes > limit)
 
     def _damaged_parts(
         self, dataset_id: str, dataset_version: str, remote: Manifest, *, report: bool = False
@@ -323,6 +347,10 @@ class RemoteCacheStore:
         missing = tuple(part for part in remote.parts if part.name not in reusable)
         need = sum(part.size_bytes for part in missing)
         target.parent.mkdir(parents=True, exist_ok=True, mode=0o755)
+        if self.local_cache_limit is not None:
+            from yogacache.store.eviction import make_room_for_copy
+
+            make_room_for_copy(self, remote, need)
         _check_free_space(target.parent, need, dataset_id, dataset_version)
         if previous_origin is not None and previous_origin != self.remote_url and target.exists():
             log.warning(
