@@ -97,6 +97,7 @@ class Logged:
     action: str
     status: Optional[int]  # the status sent to the client; None for resets and dropped requests
     time: float
+    size: int = 0  # bytes of the response body sent (forwarded responses)
 
 
 class _ClientGone(Exception):
@@ -182,6 +183,10 @@ class FaultProxy:
             and (action is None or entry.action == action)
         ]
 
+    def bytes_sent(self, method: Optional[str] = None, path_contains: Optional[str] = None) -> int:
+        """Response body bytes forwarded to clients for the matching requests."""
+        return sum(entry.size for entry in self.requests(method, path_contains))
+
     def stop(self) -> None:
         """Stops accepting, cuts every open connection and wakes delayed requests (idempotent)."""
         self._stopping.set()
@@ -219,9 +224,9 @@ class FaultProxy:
                 self._clients.add(conn)
             threading.Thread(target=self._serve, args=(conn,), name="faultproxy-conn", daemon=True).start()
 
-    def _record(self, method: str, target: str, action: str, status: Optional[int]) -> None:
+    def _record(self, method: str, target: str, action: str, status: Optional[int], size: int = 0) -> None:
         with self._lock:
-            self._log.append(Logged(method, target, action, status, time.time()))
+            self._log.append(Logged(method, target, action, status, time.time(), size))
 
     def _match(self, method: str, target: str) -> Optional[Rule]:
         with self._lock:
@@ -300,7 +305,7 @@ class FaultProxy:
             self._send(conn, method, status, reason, response_headers, cut)
             conn.shutdown(socket.SHUT_RDWR)
             return False
-        self._record(method, target, "delay" if rule is not None else "forwarded", status)
+        self._record(method, target, "delay" if rule is not None else "forwarded", status, len(data))
         self._send(conn, method, status, reason, response_headers, data)
         return keep_alive
 
