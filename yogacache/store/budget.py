@@ -263,10 +263,9 @@ def in_flight_bytes(root: Path) -> int:
                 if fetch_lock_free(version_dir, part_name):
                     Path(entry.path).unlink(missing_ok=True)  # its downloader died
                     continue
-                try:
-                    total += int(fields[1])
-                except (IndexError, ValueError):
-                    continue
+                if len(fields) != 3 or len(fields[2]) != 8 or not fields[1].isdigit():
+                    continue  # not a reservation (a client library's own temporary file)
+                total += int(fields[1])
     return total
 
 
@@ -310,7 +309,7 @@ def choose_evictions(
     *,
     in_flight: int = 0,
     copy_is_evictable: Callable[[LocalItem], bool] = lambda item: False,
-    sooner_than: float = math.inf,
+    sooner_than: float = 0,
 ) -> tuple[list[Eviction], int]:
     """Which items to remove so that ``need`` more bytes fit under ``limit``, and the usage
     after removing them (it may still be over: nothing more may be removed).
@@ -361,7 +360,7 @@ def make_room(
     *,
     copy_is_evictable: Callable[[LocalItem], bool] = lambda item: False,
     remove_copy: Callable[[LocalItem], bool] = lambda item: False,
-    sooner_than: float = math.inf,
+    sooner_than: float = 0,
     before_release: Optional[Callable[[], None]] = None,
 ) -> bool:
     """Evicts (under the node's budget lock) until ``need`` more bytes fit under ``limit``;

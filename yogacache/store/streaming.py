@@ -226,7 +226,10 @@ class StreamingParts:
         part = self.manifest.parts[index]
         target = self.path(index)
         if _present(target, part):
-            os.utime(target)  # recently used
+            try:
+                os.utime(target)  # recently used
+            except OSError:
+                pass  # another user's part: its age only orders eviction
             return
         make_directories(self.directory)
         with budget.fetch_lock(self.directory, self.file_names[index]):
