@@ -128,6 +128,15 @@ def process_lease(root: Path) -> ProcessLease:
         return lease
 
 
+def hold_copy(root: Path, dataset_id: str, dataset_version: str) -> None:
+    """Marks the whole local copy as read by this process, for the rest of its life (a root
+    this process cannot write to just goes unmarked: nothing evicts there either)."""
+    try:
+        process_lease(root).hold(copy_item(dataset_id, dataset_version))
+    except OSError as error:
+        log.debug("cannot take a lease under %s: %s", root, error)
+
+
 @dataclass(frozen=True)
 class LiveLeases:
     """What the live processes of a node hold, and when they need each part next."""

@@ -273,10 +273,9 @@ class RemoteCacheStore:
             downloader = waiter(dataset_id, dataset_version, "downloading")
             with self.local.lock(dataset_id, dataset_version, on_wait=downloader):
                 self._sync_locked(dataset_id, dataset_version, remote)
-        if self.local_cache_limit is not None:
-            from yogacache.store.budget import copy_item, process_lease
+        from yogacache.store.budget import hold_copy
 
-            process_lease(self.local.root).hold(copy_item(dataset_id, dataset_version))  # in use
+        hold_copy(self.local.root, dataset_id, dataset_version)  # in use: gc and eviction leave it
         return self.local.open(dataset_id, dataset_version)
 
     def streams(self, remote: Manifest) -> bool:
