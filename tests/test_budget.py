@@ -140,7 +140,8 @@ OPEN_COPY = r"""
 import sys, time
 from yogacache.backends.files import FileObjectStore
 from yogacache.store.remote import RemoteCacheStore
-node = RemoteCacheStore(FileObjectStore(sys.argv[1]), sys.argv[2], local_cache_limit=int(sys.argv[3]), show_progress=False)
+limit = int(sys.argv[3])
+node = RemoteCacheStore(FileObjectStore(sys.argv[1]), sys.argv[2], local_cache_limit=limit, show_progress=False)
 reader = node.open(sys.argv[4], "v1")
 print(int(reader[0][1]), flush=True)
 if sys.argv[5] == "hold":

@@ -189,3 +189,29 @@ def test_in_process_reader_under_a_budget_reads_every_record(
         if cloud.kind == "gcs":
             os.environ["STORAGE_EMULATOR_HOST"] = cloud.server.url
     print(json.dumps({"fetched": proxies[0].bytes_sent("GET", "-part-"), "cache": manifest.total_size_bytes}))
+
+
+def test_second_epoch_refetches_only_what_the_budget_could_not_keep(
+    cloud: Cloud, published: tuple[str, str, Manifest], proxies: list[FaultProxy], tmp_path: Path
+) -> None:
+    """The read order of the next epoch is known, so the end of an epoch keeps the parts the next
+    one starts with: a sequential epoch under a budget of half the cache fetches about
+    (cache - budget) + one part, where LRU would fetch the whole cache again."""
+    bucket, prefix, manifest = published
+    limit = manifest.total_size_bytes // 2
+    largest = max(part.size_bytes for part in manifest.parts)
+    config = node_config(cloud, bucket, prefix, tmp_path / "n", proxies[0].url, streaming=True, local_cache_limit=limit)
+    if cloud.kind == "gcs":
+        os.environ["STORAGE_EMULATOR_HOST"] = proxies[0].url
+    try:
+        reader = open_store(config, show_progress=False).open(DS, VER)
+        stream = read_stream(reader, ReadOptions())
+        fetched = []
+        for _ in range(2):
+            assert [int(label) for _, label in stream] == list(range(RECORDS))
+            fetched.append(proxies[0].bytes_sent("GET", "-part-") - sum(fetched))
+    finally:
+        if cloud.kind == "gcs":
+            os.environ["STORAGE_EMULATOR_HOST"] = cloud.server.url
+    assert fetched[0] == manifest.total_size_bytes
+    assert fetched[1] <= manifest.total_size_bytes - limit + 2 * largest, fetched

@@ -354,7 +354,8 @@ class CacheIterableDataset(IterableDataset):  # type: ignore[type-arg]
 
     def __iter__(self) -> Iterator[Any]:
         plan = self.schedule.plan(self._epoch, self._position)
-        self.reader.expect_plan(plan)  # a streamed cache fetches the epoch's parts ahead
+        # A streamed cache fetches this epoch's parts ahead, then the next epoch's.
+        self.reader.expect_plan(plan, lambda: self.schedule.plan(self._epoch + 1))
         info = get_worker_info()
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
         if info is None:

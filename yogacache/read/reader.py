@@ -506,14 +506,23 @@ class CacheReader:
         return self._read(indices, self.codec.decode_columns)
 
     # -- lazily opened parts (streamed caches) -----------------------------------------------------
-    def expect_plan(self, plan: Any, *, window: int = 1 << 20) -> None:
+    def expect_plan(
+        self, plan: Any, following: Optional[Callable[[], Any]] = None, *, window: int = 1 << 20
+    ) -> None:
         """Tells the part provider (if any) which parts reading ``plan`` (an ``EpochPlan``)
-        needs, in order, so that it fetches them ahead; a no-op for a reader of local files."""
+        needs, in order, then those of ``following()`` (the next epoch's plan), so that it
+        fetches them ahead and, at the end of an epoch, keeps what the next one starts with; a
+        no-op for a reader of local files."""
         if self._provider is None or self._closed:
             return
-        total = len(plan)
-        chunks = (plan.indices(start, min(start + window, total)) for start in range(0, total, window))
-        self._provider.expect(parts_in_order(self._starts, chunks))
+        order = []
+        for each in (plan, following() if following is not None else None):
+            if each is None:
+                continue
+            total = len(each)
+            chunks = (each.indices(start, min(start + window, total)) for start in range(0, total, window))
+            order += parts_in_order(self._starts, chunks)
+        self._provider.expect(order)
 
     def _read_lazily(self, indices: np.ndarray, consume: Callable[[list[Any]], T]) -> T:
         """``_read`` through the provider: one part at a time, its records copied out, so that
@@ -576,6 +585,9 @@ class CacheReader:
         if provider is not None and getattr(self, "_pid", None) == os.getpid():
             for index in lazy:
                 provider.release(index)
+            stop = getattr(provider, "close", None)
+            if stop is not None:
+                stop()  # no more fetching ahead for this reader
 
     def __getstate__(self) -> dict[str, Any]:
         # Sending a reader to another process (DataLoader spawn) sends what it was opened on:

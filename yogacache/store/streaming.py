@@ -188,6 +188,16 @@ class StreamingParts:
         self._announce()
         self._fetch_ahead()
 
+    def close(self) -> None:
+        """Stops fetching ahead (queued fetches are dropped; running ones finish)."""
+        if self._pid != os.getpid():
+            return
+        with self._lock:
+            pool, self._pool = self._pool, None
+            self._order, self._ahead = [], {}
+        if pool is not None:
+            pool.shutdown(wait=False, cancel_futures=True)
+
     # -- fetching --------------------------------------------------------------------------
     def _announce(self) -> None:
         with self._lock:
@@ -195,10 +205,12 @@ class StreamingParts:
         budget.process_lease(self.root).announce(self._key, [self.item(index) for index in upcoming])
 
     def _ahead_count(self) -> int:
+        """Parts fetched ahead: enough to keep the transfer threads busy; under a budget no
+        more than a quarter of it, since the rest keeps what the next epoch starts with."""
         if self.limit is None:
             return MAX_AHEAD
         largest = max(part.size_bytes for part in self.manifest.parts)
-        return max(1, min(MAX_AHEAD, self.limit // max(1, largest) // 2))
+        return max(1, min(MAX_AHEAD, self.transfer_threads, self.limit // max(1, largest) // 4))
 
     def _fetch_ahead(self) -> None:
         """Starts fetches of the next parts of the announced order (not yet on the node)."""
