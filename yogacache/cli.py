@@ -234,7 +234,8 @@ def cmd_ls(store: Store, args: argparse.Namespace) -> int:
         return 0
     published = store.remote_url is not None
     header = ["DATASET", "VERSION", "RECORDS", "DISK", "CREATED"] + (["WHERE", "LOCAL COPY"] if published else ["PATH"])
-    header += ["LOCAL", "IN USE"] if published else []
+    if published:  # this node's bytes of each cache (whole copy and streamed parts), and its use
+        header[5:5] = ["LOCAL", "IN USE"]
     rows, problems = [], []
     for entry in entries:
         manifest = entry.manifest
@@ -251,9 +252,9 @@ def cmd_ls(store: Store, args: argparse.Namespace) -> int:
                 _created(manifest, seconds=False) + (f" [{len(problems)}]" if entry.error else ""),
             ]
         if published:
-            row += [entry.where, entry.copy_state]
             fields = _usage_fields(usage, entry)
-            row += [format_bytes(fields["local_bytes"]), "yes" if fields["in_use"] else ""]
+            row += [format_bytes(fields["local_bytes"]), "yes" if fields["in_use"] else "no"]
+            row += [entry.where, entry.copy_state]
         else:
             row += [str(entry.local_path) if entry.local_path else ""]
         rows.append(row)
