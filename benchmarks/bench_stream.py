@@ -10,7 +10,7 @@ boto3's ranged-download threshold: moto serves a ranged GET by copying the whole
 order, from an empty node directory through its proxy with a budget of half the dataset
 (yogacache ``local_cache_limit``, MosaicML ``cache_limit``, LitData ``max_cache_size``), in a
 process of its own, one DataLoader-free consumer loop of batches of 256. Rows: time from
-opening the dataset to the first batch; records/s over epoch 1; bytes fetched in epochs 1 and 2.
+opening the dataset (libraries imported) to the first batch; records/s over epoch 1; bytes fetched in epochs 1 and 2.
 
 Usage: ``.venv/bin/python benchmarks/bench_stream.py [--size 2Gi] [--rate 200M] [--no-peers]``
 (the peers run in ``benchmarks/.venv-peers``, made by ``bench_torch.py``). One run; the numbers
@@ -26,7 +26,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any, Optional
 
@@ -46,10 +45,11 @@ PEERS_VENV = HERE / ".venv-peers"
 
 YOGACACHE_READER = r"""
 import json, sys, time
-t0_wall, t0 = time.time(), time.perf_counter()
 from yogacache.store import open_store
 from yogacache.read.options import ReadOptions
 from yogacache.read.pipeline import read_stream
+import boto3  # imported before the clock starts, as the peers' libraries are
+t0_wall, t0 = time.time(), time.perf_counter()
 config, records, epochs, batch = json.loads(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 reader = open_store(config, show_progress=False).open("large", "v1")
 stream = read_stream(reader, ReadOptions())
@@ -78,6 +78,11 @@ def parse(text: str) -> int:
     from yogacache.sizes import parse_size
 
     return parse_size(text, "size")
+
+
+def make_records(records: int) -> Any:
+    images, labels = _data.make_arrays(records, SHAPE)
+    return ((images[i], labels[i]) for i in range(records))
 
 
 def upload_tree(client: Any, bucket: str, directory: Path, prefix: str) -> int:
@@ -111,6 +116,7 @@ def main() -> None:
     parser.add_argument("--rate", default="200M", help="link rate in bytes/s; default 200M")
     parser.add_argument("--part-bytes", default="32Mi", help="part / shard / chunk size; default 32Mi")
     parser.add_argument("--no-peers", action="store_true", help="measure yogacache only")
+    parser.add_argument("--peers-venv", default=str(PEERS_VENV), help=f"the peers' virtualenv; default {PEERS_VENV}")
     args = parser.parse_args()
     size, rate, part_bytes = parse(args.size), parse(args.rate), parse(args.part_bytes)
     records = max(BATCH, size // RECORD_BYTES)
@@ -137,13 +143,11 @@ def main() -> None:
         from yogacache.store.remote import RemoteCacheStore
 
         log(f"building and publishing {records} records ({records * RECORD_BYTES / 2**30:.2f} GiB)")
-        images, labels = _data.make_arrays(records, SHAPE)
         publisher = RemoteCacheStore(
             S3ObjectStore(bucket, "yogacache", endpoint_url=endpoint), workdir / "builder",
             part_size_bytes=part_bytes, show_progress=False,
         )
-        manifest = publisher.get_or_build(DS, VER, lambda: ((images[i], labels[i]) for i in range(records))).manifest
-        del images, labels
+        manifest = publisher.get_or_build(DS, VER, lambda: make_records(records)).manifest
         shutil.rmtree(workdir / "builder")
         proxy = ThrottleProxy(endpoint, rate)
         node = workdir / "node-yogacache"
@@ -154,18 +158,19 @@ def main() -> None:
         }
         env = dict(os.environ, PYTHONPATH=str(REPO))
         log("yogacache: reading two epochs from an empty node")
-        result = run_json([sys.executable, "-c", YOGACACHE_READER, json.dumps(config), str(records), "2", str(BATCH)], env)
+        command = [sys.executable, "-c", YOGACACHE_READER, json.dumps(config), str(records), "2", str(BATCH)]
+        result = run_json(command, env)
         rows["yogacache"] = measure(result, proxy, records)
         proxy.stop()
         parts = len(manifest.parts)
         notes.append(f"yogacache: {parts} parts of up to {max(p.size_bytes for p in manifest.parts)} bytes")
 
         # -- peers ------------------------------------------------------------------------------
-        python = PEERS_VENV / "bin" / "python"
+        python = Path(args.peers_venv) / "bin" / "python"
         if args.no_peers:
             notes.append("peers not measured (--no-peers)")
         elif not python.exists():
-            notes.append(f"peers not measured: {PEERS_VENV} does not exist (run bench_torch.py once)")
+            notes.append(f"peers not measured: {args.peers_venv} does not exist (run bench_torch.py once)")
         else:
             for kind, label in (("mds", "MosaicML Streaming"), ("litdata", "LitData")):
                 try:

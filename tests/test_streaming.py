@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 import pytest
 
@@ -134,6 +134,7 @@ def test_streaming_is_opt_in_and_automatic_above_the_budget(
             os.environ["STORAGE_EMULATOR_HOST"] = cloud.server.url
 
 
+@pytest.mark.slow
 def test_elastic_resume_from_2x2_to_3x1(
     cloud: Cloud, published: tuple[str, str, Manifest], proxies: list[FaultProxy], tmp_path: Path
 ) -> None:
@@ -215,3 +216,29 @@ def test_second_epoch_refetches_only_what_the_budget_could_not_keep(
             os.environ["STORAGE_EMULATOR_HOST"] = cloud.server.url
     assert fetched[0] == manifest.total_size_bytes
     assert fetched[1] <= manifest.total_size_bytes - limit + 2 * largest, fetched
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+def test_dataloader_workers_read_a_streamed_cache(
+    s3_server: Any, tmp_path: Path, context: str
+) -> None:
+    """DataLoader workers (forked, or spawned: the reader is pickled) stream parts into the
+    node's part cache themselves: every record once, each part fetched once by the node."""
+    import torch
+
+    from yogacache.read.options import ReadOptions
+    from yogacache.torch import CacheDataLoader, CacheIterableDataset
+
+    cloud = Cloud("s3", s3_server)
+    bucket, prefix = cloud.new_bucket(), unique("caches")
+    manifest = publish(cloud, bucket, prefix, tmp_path / "builder")
+    with FaultProxy(s3_server.endpoint_url) as proxy:
+        config = node_config(cloud, bucket, prefix, tmp_path / "node", proxy.url, streaming=True)
+        reader = open_store(config, show_progress=False).open(DS, VER)
+        dataset = CacheIterableDataset.from_options(reader, ReadOptions())
+        loader = CacheDataLoader(dataset, batch_size=16, num_workers=2, multiprocessing_context=context)
+        labels = torch.cat([batch[1] for batch in loader]).tolist()
+        assert sorted(labels) == list(range(RECORDS))
+        gets = _part_gets(proxy)
+        assert sorted(set(gets)) == sorted(gets) and len(gets) == len(manifest.parts)
