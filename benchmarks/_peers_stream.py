@@ -84,8 +84,12 @@ def read(kind: str, remote: str, directory: str, limit: int, epochs: int, batch:
         )
         loader: Any = torch.utils.data.DataLoader(dataset, batch_size=batch, num_workers=0)
     else:
+        import litdata.streaming.downloader as downloader
         from litdata import StreamingDataLoader, StreamingDataset
         from litdata.streaming.resolver import Dir
+
+        # The test server speaks plain http, which LitData's obstore client refuses by default.
+        downloader._OBSTORE_CLIENT_OPTIONS = {**downloader._OBSTORE_CLIENT_OPTIONS, "allow_http": "true"}
 
         endpoint = os.environ["AWS_ENDPOINT_URL"]
         dataset = StreamingDataset(
