@@ -129,6 +129,11 @@ def test_streaming_is_opt_in_and_automatic_above_the_budget(
         streamed = open_store(small, show_progress=False).open(DS, VER)
         assert streamed.directory == parts_dir(tmp_path / "b")
         assert [int(streamed[i][1]) for i in (0, RECORDS - 1)] == [0, RECORDS - 1]
+        # pull (yogacache pull) still makes a whole local copy when reads stream.
+        config = node_config(cloud, bucket, prefix, tmp_path / "c", proxies[0].url, streaming=True)
+        pulled = open_store(config, show_progress=False).pull(DS, VER)
+        assert pulled.directory == tmp_path / "c" / "yogadl_local_cache" / DS / VER
+        assert (pulled.directory / "manifest.json").is_file() and int(pulled[7][1]) == 7
     finally:
         if cloud.kind == "gcs":
             os.environ["STORAGE_EMULATOR_HOST"] = cloud.server.url

@@ -243,8 +243,14 @@ class RemoteCacheStore:
         return self.local.verify(dataset_id, dataset_version)
 
     def pull(self, dataset_id: str, dataset_version: str) -> CacheReader:
-        """Makes the local copy current with the published cache."""
-        return self.open(dataset_id, dataset_version)
+        """Makes the local copy current with the published cache (a whole copy, also when
+        reads stream)."""
+        if not (self.streaming or self.local_cache_limit is not None):
+            return self.open(dataset_id, dataset_version)
+        remote = self.remote_manifest(dataset_id, dataset_version)
+        if remote is None:
+            return self.open(dataset_id, dataset_version)  # says it is not published
+        return self.sync(dataset_id, dataset_version, remote, whole=True)
 
     def local_manifest(self, dataset_id: str, dataset_version: str) -> Optional[Manifest]:
         try:
@@ -263,10 +269,11 @@ class RemoteCacheStore:
             )
         return self.sync(dataset_id, dataset_version, remote)
 
-    def sync(self, dataset_id: str, dataset_version: str, remote: Manifest) -> CacheReader:
-        """Makes the local copy the published build ``remote`` (verified), then opens it."""
+    def sync(self, dataset_id: str, dataset_version: str, remote: Manifest, *, whole: bool = False) -> CacheReader:
+        """Makes the local copy the published build ``remote`` (verified), then opens it; or
+        streams it (``streams``), unless ``whole``."""
         if self._damaged_parts(dataset_id, dataset_version, remote) != []:
-            if self.streams(remote):
+            if not whole and self.streams(remote):
                 from yogacache.store.streaming import stream_cache
 
                 return stream_cache(self, remote, limit=self.local_cache_limit, objects_factory=self.objects_factory)
