@@ -60,7 +60,7 @@ config, rank, shards, epochs, mode, resume, stop_after = sys.argv[1:8]
 store = open_store(json.loads(config), show_progress=False)
 reader = store.open("stream", "v1")
 options = ReadOptions(
-    shuffle=mode == "global", shuffle_seed=5, reshuffle_each_epoch=mode == "global", shard_rank=int(rank),
+    shuffle=mode != "shard", shuffle_seed=5, reshuffle_each_epoch=mode != "shard", shard_rank=int(rank),
     num_shards=int(shards), shuffle_mode=mode, resume_state=json.loads(resume) if resume else None,
 )
 stream = read_stream(reader, options)

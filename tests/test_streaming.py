@@ -27,6 +27,7 @@ from tests.streaming_helpers import (
 from yogacache.format.manifest import Manifest
 from yogacache.read.options import ReadOptions
 from yogacache.read.pipeline import read_stream
+from yogacache.read.shuffle import SHUFFLE_MODES
 from yogacache.store import open_store
 
 
@@ -61,9 +62,15 @@ def _part_gets(proxy: FaultProxy) -> list[str]:
     return [entry.target for entry in proxy.requests("GET") if "-part-" in entry.target and entry.size]
 
 
+# Every registered mode made for streaming takes part ("parts", where it exists), besides YogaDL's.
+STREAMING_MODES = ["shard"] + [mode for mode in ("parts",) if mode in SHUFFLE_MODES]
+RESUMABLE_MODES = ["global"] + [mode for mode in ("parts",) if mode in SHUFFLE_MODES]
+
+
 @pytest.mark.slow
+@pytest.mark.parametrize("mode", STREAMING_MODES)
 def test_two_nodes_two_ranks_quarter_budget_two_epochs(
-    cloud: Cloud, published: tuple[str, str, Manifest], proxies: list[FaultProxy], tmp_path: Path
+    cloud: Cloud, published: tuple[str, str, Manifest], proxies: list[FaultProxy], tmp_path: Path, mode: str
 ) -> None:
     """Two nodes x two ranks, a budget of a quarter of the cache, two epochs: every record exactly
     once per epoch; each node's streamed bytes stay under its budget; the bytes each node
@@ -77,7 +84,7 @@ def test_two_nodes_two_ranks_quarter_budget_two_epochs(
         samplers.append(UsageSampler(node).__enter__())
         for local_rank in range(2):
             rank = 2 * n + local_rank
-            processes.append(start_reader(cloud, config, proxy.url, rank=rank, shards=4, epochs=2))
+            processes.append(start_reader(cloud, config, proxy.url, rank=rank, shards=4, epochs=2, mode=mode))
     results = [finish(process, timeout=240) for process in processes]
     for sampler in samplers:
         sampler.__exit__()
@@ -140,8 +147,9 @@ def test_streaming_is_opt_in_and_automatic_above_the_budget(
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("mode", RESUMABLE_MODES)
 def test_elastic_resume_from_2x2_to_3x1(
-    cloud: Cloud, published: tuple[str, str, Manifest], proxies: list[FaultProxy], tmp_path: Path
+    cloud: Cloud, published: tuple[str, str, Manifest], proxies: list[FaultProxy], tmp_path: Path, mode: str
 ) -> None:
     """Four ranks on two nodes stop mid-epoch; three ranks on three fresh nodes resume from one
     state: every record of the epoch exactly once, then the whole next epoch."""
@@ -151,7 +159,7 @@ def test_elastic_resume_from_2x2_to_3x1(
     for rank in range(4):
         node = tmp_path / f"old-{rank // 2}"
         config = node_config(cloud, bucket, prefix, node, proxies[0].url, streaming=True, local_cache_limit=limit)
-        first.append(start_reader(cloud, config, proxies[0].url, rank=rank, shards=4, mode="global", stop_after=50))
+        first.append(start_reader(cloud, config, proxies[0].url, rank=rank, shards=4, mode=mode, stop_after=50))
     before = [finish(process) for process in first]
     states = [result["state"] for result in before]
     assert all(state == states[0] for state in states)
@@ -161,7 +169,7 @@ def test_elastic_resume_from_2x2_to_3x1(
             cloud, bucket, prefix, tmp_path / f"new-{rank}", proxies[1].url, streaming=True, local_cache_limit=limit
         )
         resumed.append(
-            start_reader(cloud, config, proxies[1].url, rank=rank, shards=3, epochs=2, mode="global", resume=states[0])
+            start_reader(cloud, config, proxies[1].url, rank=rank, shards=3, epochs=2, mode=mode, resume=states[0])
         )
     after = [finish(process) for process in resumed]
     epoch_0 = [x for result in before for x in result["epochs"][0]] + [x for r in after for x in r["epochs"][0]]
