@@ -151,7 +151,8 @@ def test_stamp_is_not_trusted_for_a_forged_stamp_of_other_files(tmp_path: Path) 
     forged = {}
     for part in json.loads((cache_dir(tmp_path) / MANIFEST_NAME).read_text())["parts"]:
         st = (cache_dir(tmp_path) / part["name"]).stat()
-        forged[part["name"]] = [part["sha256"], st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev]
+        digest = part.get("sha256") or part["blake3"]
+        forged[part["name"]] = [digest, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev]
     (cache_dir(tmp_path) / ".verified.json").write_text(json.dumps(forged))
     with pytest.raises(CorruptCacheError):
         store.open("data", "v1")
@@ -213,7 +214,7 @@ MANIFEST_DAMAGE.update(
         "wrong-part-size": _edit(
             lambda raw: raw["parts"][0].update(size_bytes=raw["parts"][0]["size_bytes"] + 4096)
         ),
-        "wrong-part-hash": _edit(lambda raw: raw["parts"][0].update(sha256="0" * 64)),
+        "wrong-part-hash": _edit(lambda raw: raw["parts"][0].update(blake3="0" * 64)),
         "spec-not-a-spec": _edit(lambda raw: raw.update(element_spec=5)),
         "spec-unknown-dtype": _edit(
             lambda raw: raw.update(element_spec={"tensor": {"dtype": "object", "shape": []}})

@@ -16,6 +16,7 @@ import textwrap
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -451,7 +452,7 @@ def test_a_stamp_holds_on_another_client_whose_device_number_differs(
     manifest = store.manifest("data", "v1")
     verify_parts(directory, manifest, "full")  # stamps every part
     hashed: list[Path] = []
-    original_hash, original_stat = integrity.sha256_file, os.stat
+    original_hash, original_stat = integrity.hash_file, os.stat
 
     def another_client(path: object, *args: object, **kwargs: object) -> os.stat_result:
         """os.stat as an NFS client with another device number sees the same files."""
@@ -460,12 +461,12 @@ def test_a_stamp_holds_on_another_client_whose_device_number_differs(
         fields[stat.ST_DEV] = st.st_dev + 17
         return os.stat_result(fields, {"st_mtime_ns": st.st_mtime_ns, "st_ctime_ns": st.st_ctime_ns})
 
-    def counted(path: Path, *args: int) -> str:
+    def counted(path: Path, *args: Any) -> str:
         hashed.append(path)
         return original_hash(path, *args)
 
     with monkeypatch.context() as patch:
-        patch.setattr(integrity, "sha256_file", counted)
+        patch.setattr(integrity, "hash_file", counted)
         patch.setattr(integrity.os, "stat", another_client)
         verify_parts(directory, manifest, "auto")
     assert hashed == []  # no part re-hashed

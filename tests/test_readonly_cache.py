@@ -17,6 +17,7 @@ import tempfile
 import textwrap
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -90,13 +91,13 @@ class HashCounter:
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.paths: list[Path] = []
-        original = integrity.sha256_file
+        original = integrity.hash_file
 
-        def counted(path: Path, chunk_size: int = 8 << 20) -> str:
+        def counted(path: Path, *args: Any) -> str:
             self.paths.append(Path(path))
-            return original(path, chunk_size)
+            return original(path, *args)
 
-        monkeypatch.setattr(integrity, "sha256_file", counted)
+        monkeypatch.setattr(integrity, "hash_file", counted)
 
     def take(self) -> int:
         count, self.paths = len(self.paths), []
@@ -164,8 +165,8 @@ READ_AS_NOBODY = textwrap.dedent(
         pass
 
     hashed = []
-    original = integrity.sha256_file
-    integrity.sha256_file = lambda path, *args: hashed.append(1) or original(path, *args)
+    original = integrity.hash_file
+    integrity.hash_file = lambda path, *args: hashed.append(1) or original(path, *args)
     result = {}
     for mode in ("auto", "full", "size", "auto"):
         store = CacheStore(root, verify=mode, show_progress=False)

@@ -15,6 +15,7 @@ import shutil
 import signal
 import sys
 import threading
+import warnings
 from pathlib import Path
 from types import FrameType
 from typing import Any, Callable, Optional, Sequence
@@ -482,6 +483,38 @@ def cmd_build(store: Store, args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_export(store: Store, args: argparse.Namespace) -> int:
+    """Writes a cache as WebDataset tar shards plus a wids index (logic in yogacache.export)."""
+    from yogacache.export import check_format, export_reader, parse_size
+
+    check_format(args.format)
+    extensions = {}
+    for item in args.ext or []:
+        field, sep, extension = item.partition("=")
+        if not sep or not field or not extension:
+            raise ConfigError(f"--ext takes FIELD=EXTENSION (e.g. raw=bin), got {item!r}")
+        extensions[field] = extension
+    shard_size = parse_size(args.shard_size)
+    with store.open(args.dataset_id, args.version) as reader:
+        result = export_reader(
+            reader,
+            args.to,
+            format=args.format,
+            shard_size=shard_size,
+            shard_records=args.shard_records,
+            prefix=args.prefix,
+            overwrite=args.overwrite,
+            extensions=extensions,
+            md5=args.md5,
+            endpoint_url=args.endpoint_url,
+        )
+    print(
+        f"exported {args.dataset_id} {args.version}: {result.num_records:,} records in {len(result.shards)} "
+        f"shard(s), {format_bytes(result.size_bytes)}; index {result.index_url}"
+    )
+    return 0
+
+
 # -- errors ------------------------------------------------------------------------------------
 def _suggestions(store: Store, dataset_id: str, version: str) -> list[str]:
     """Caches whose names are close to the one asked for (``n20000`` -> ``n20000_train``)."""
@@ -666,6 +699,30 @@ def build_parser() -> argparse.ArgumentParser:
     )
     gc.add_argument("--dry-run", action="store_true", help="show what would be removed, remove nothing")
     gc.add_argument("--limit", metavar="SIZE", help="the budget (K M G T, Ki Mi Gi Ti); default: local_cache_limit")
+
+    export = command(
+        "export",
+        cmd_export,
+        "write a cache as WebDataset tar shards plus a wids index (shardindex.json)",
+        "Each record becomes one sample: arrays as .npy, integers as .cls, strings as .txt, bytes\n"
+        "unchanged under the field's own extension (docs/export.md has the rules). The index is\n"
+        "written last: a failed export leaves none.\n\n"
+        "examples:\n  yogacache export mnist v1 --to /data/mnist-wds\n"
+        "  yogacache export mnist v1 --to s3://bucket/mnist-wds --shard-size 256Mi --storage s3://bucket/caches",
+    )
+    cache_arguments(export)
+    export.add_argument("--to", required=True, metavar="DIR|URL", help="a directory, file://, s3:// or gs:// URL")
+    export.add_argument("--format", default="webdataset", help="the export format (webdataset)")
+    export.add_argument(
+        "--shard-size", default="512Mi", metavar="SIZE", help="largest shard: bytes, or K M G (1000s), Ki Mi Gi (1024s)"
+    )
+    export.add_argument("--shard-records", type=int, metavar="N", help="most samples per shard (default: no limit)")
+    export.add_argument("--prefix", help="shard names <prefix>-000000.tar, ... (default <id>-<version>)")
+    export.add_argument("--overwrite", action="store_true", help="replace an export at a destination that is not empty")
+    export.add_argument("--md5", action="store_true", help="record each shard's MD5 in the index (md5sum)")
+    export.add_argument(
+        "--ext", action="append", metavar="FIELD=EXT", help="append EXT to FIELD, not its default suffix (repeatable)"
+    )
     return parser
 
 
@@ -673,6 +730,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(message)s")
+    if not args.verbose:
+        # The cloud libraries' notices about this Python's support window are not the
+        # command's output (google.api_core warns on every import within a year of an EOL).
+        warnings.filterwarnings("ignore", category=FutureWarning, module=r"google\.")
     # Progress: a live line on a terminal, log lines otherwise (CI, pipes).
     logging.getLogger("yogacache.progress").setLevel(logging.INFO)
     previous: dict[int, Any] = {}
@@ -695,6 +756,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             "pull": "the local copy is as it was",
             "push": "nothing was published",
             "rm": "see what is left with yogacache ls",
+            "export": "no index was written",
         }.get(args.command, "nothing was changed")
         print(f"yogacache: {what}: {args.command} stopped, {outcome}", file=sys.stderr)
         return 143 if isinstance(interrupt, Terminated) else 130

@@ -20,10 +20,12 @@ import os
 import stat
 import tempfile
 from pathlib import Path
-from typing import Literal, Optional
+from typing import Any, Literal, Optional
+
+import blake3
 
 from yogacache.errors import CorruptCacheError
-from yogacache.format.manifest import Manifest
+from yogacache.format.manifest import BUILD_HASH, PART_HASHES, Manifest, PartInfo
 from yogacache.safefs import PRIVATE_DIR_MODE, make_directories
 
 Verify = Literal["auto", "full", "size"]
@@ -85,16 +87,16 @@ def verify_parts(
                 f"cache part {shown} is {identity[1]} bytes, the manifest says {part.size_bytes}: "
                 "it was truncated or replaced after the cache was sealed"
             )
-        if mode == "size" or (mode == "auto" and has_stamp(identity, part.sha256)):
+        if mode == "size" or (mode == "auto" and has_stamp(identity, part.hash_label)):
             continue
         # The identity was taken before hashing: a change while hashing leaves a stamp that
         # never matches again.
-        if sha256_file(path) != part.sha256:
+        if hash_file(path, part.hash_name) != part.digest:
             raise CorruptCacheError(
                 f"cache part {shown} does not match its manifest hash: it was altered or damaged "
                 "after the cache was sealed"
             )
-        write_stamp(identity, part.sha256)
+        write_stamp(identity, part.hash_label)
 
 
 def stamp_verified(directory: Path, manifest: Manifest) -> None:
@@ -104,16 +106,17 @@ def stamp_verified(directory: Path, manifest: Manifest) -> None:
             identity = file_identity(directory / part.name)
         except OSError:
             continue
-        write_stamp(identity, part.sha256)
+        write_stamp(identity, part.hash_label)
 
 
-def has_stamp(identity: FileIdentity, sha256: str) -> bool:
-    """Whether this user's state holds a stamp saying the file ``identity`` hashed to ``sha256``."""
+def has_stamp(identity: FileIdentity, digest: str) -> bool:
+    """Whether this user's state holds a stamp saying the file ``identity`` hashed to ``digest``
+    (a part's ``hash_label``)."""
     stamps = _stamps_dir(create=False)
     if stamps is None:
         return False
     try:
-        fd = os.open(stamps / _stamp_name(identity, sha256), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        fd = os.open(stamps / _stamp_name(identity, digest), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError:
         return False
     try:
@@ -125,22 +128,22 @@ def has_stamp(identity: FileIdentity, sha256: str) -> bool:
         return False
     finally:
         os.close(fd)
-    return bool(recorded == _stamp_content(identity, sha256))
+    return bool(recorded == _stamp_content(identity, digest))
 
 
-def write_stamp(identity: FileIdentity, sha256: str) -> None:
-    """Records that the file ``identity`` hashed to ``sha256``: atomically, best effort."""
+def write_stamp(identity: FileIdentity, digest: str) -> None:
+    """Records that the file ``identity`` hashed to ``digest``: atomically, best effort."""
     stamps = _stamps_dir(create=True)
     if stamps is None:
         return
-    name = _stamp_name(identity, sha256)
+    name = _stamp_name(identity, digest)
     try:
         fd, tmp = tempfile.mkstemp(dir=stamps, prefix=f".{name}.", suffix=".tmp")  # mode 0o600
     except OSError:
         return
     try:
         with os.fdopen(fd, "w") as handle:
-            json.dump(_stamp_content(identity, sha256), handle)
+            json.dump(_stamp_content(identity, digest), handle)
         os.replace(tmp, stamps / name)
     except OSError:
         try:
@@ -168,18 +171,34 @@ def _stamps_dir(create: bool) -> Optional[Path]:
     return stamps if stat.S_ISDIR(st.st_mode) and private else None
 
 
-def _stamp_content(identity: FileIdentity, sha256: str) -> dict[str, object]:
-    return {"kind": _STAMP_KIND, "identity": list(identity), "sha256": sha256}
+def _stamp_content(identity: FileIdentity, digest: str) -> dict[str, object]:
+    # The key is "sha256" for every hash: stamps written before BLAKE3 keep matching.
+    return {"kind": _STAMP_KIND, "identity": list(identity), "sha256": digest}
 
 
-def _stamp_name(identity: FileIdentity, sha256: str) -> str:
-    key = json.dumps([_STAMP_KIND, *identity, sha256])
+def _stamp_name(identity: FileIdentity, digest: str) -> str:
+    key = json.dumps([_STAMP_KIND, *identity, digest])
     return hashlib.sha256(key.encode("utf-8")).hexdigest() + ".json"
+
+
+def part_matches(path: Path, part: PartInfo) -> bool:
+    """Whether the file at ``path`` has the part's content hash (hashes it, whatever its size)."""
+    return hash_file(path, part.hash_name) == part.digest
 
 
 def sha256_file(path: Path, chunk_size: int = 8 << 20) -> str:
     """The hex SHA-256 of a file's bytes."""
-    digest = hashlib.sha256()
+    return hash_file(path, "sha256", chunk_size)
+
+
+def hash_file(path: Path, algorithm: str = BUILD_HASH, chunk_size: int = 8 << 20) -> str:
+    """The hex digest of a file's bytes with ``algorithm`` (one of ``PART_HASHES``)."""
+    if algorithm == "blake3":
+        digest: Any = blake3.blake3()  # one thread: fork-safe (no thread pool to inherit)
+    elif algorithm == "sha256":
+        digest = hashlib.sha256()
+    else:
+        raise CorruptCacheError(f"unknown part hash {algorithm!r}: use one of {', '.join(PART_HASHES)}")
     with open(path, "rb", buffering=0) as handle:
         buffer = bytearray(chunk_size)
         view = memoryview(buffer)

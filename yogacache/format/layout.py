@@ -105,24 +105,32 @@ class FixedLayout:
         return self._records(table)
 
     def encode_stacked(self, rows: Sequence[Sequence[Any]]) -> list[bytes] | None:
-        """Like ``encode_rows``, but stacks each leaf's values with one numpy call: for rows of
-        numpy arrays and scalars whose dtypes match exactly. None if they do not (the caller
-        then tries ``encode_rows``)."""
+        """Like ``encode_rows``, but stacks each leaf's values with one numpy call straight into
+        the record table (one copy per value): for rows of numpy arrays and scalars whose
+        dtypes match exactly. None if they do not (the caller then tries ``encode_rows``)."""
         count = len(rows)
-        columns = []
-        for index, (_, _, dtype, shape) in enumerate(self.fields):
+        table = self._table(count)
+        for index, (offset, _, dtype, shape) in enumerate(self.fields):
             values = [row[index] for row in rows]
             for value in values:
                 if getattr(value, "dtype", None) != dtype:
                     return None
+            # The leaf's column of the table, seen as ``count`` values of its dtype and shape.
+            column = np.ndarray(
+                (count, *shape),
+                dtype=dtype,
+                buffer=table,
+                offset=offset,
+                strides=(self.record_size, *_contiguous_strides(shape, dtype.itemsize)),
+            )
             try:
-                column = np.stack(values) if shape else np.array(values, dtype=dtype)
+                if shape:
+                    np.stack(values, out=column)
+                else:
+                    column[...] = values
             except ValueError:  # shapes differ
                 return None
-            if column.shape != (count, *shape):
-                return None
-            columns.append(column)
-        return self.encode(columns)
+        return self._records(table)
 
     def encode_rows(self, rows: Sequence[Sequence[Any]]) -> list[bytes] | None:
         """The records of a batch given as flat leaf lists, or None if a leaf does not match."""
@@ -209,3 +217,12 @@ class FixedLayout:
         index = np.concatenate([np.arange(p.start, p.stop) for p in self.header_slices])
         return index, np.concatenate(self.header_values)
 
+
+def _contiguous_strides(shape: tuple[int, ...], itemsize: int) -> tuple[int, ...]:
+    """The strides of a C-contiguous array of ``shape``."""
+    strides = []
+    step = itemsize
+    for dim in reversed(shape):
+        strides.append(step)
+        step *= max(dim, 1)
+    return tuple(reversed(strides))

@@ -33,8 +33,8 @@ from yogacache.format.durability import (
     temp_dir_for,
     write_file_durably,
 )
-from yogacache.format.integrity import sha256_file, stamp_verified
-from yogacache.format.manifest import MANIFEST_NAME, Manifest, PartInfo, part_name
+from yogacache.format.integrity import hash_file, stamp_verified
+from yogacache.format.manifest import BUILD_HASH, MANIFEST_NAME, Manifest, PartInfo, part_name
 from yogacache.format.spec import Spec
 from yogacache.progress import Progress
 from yogacache.version import __version__
@@ -333,7 +333,7 @@ class CacheWriter:
                 first_record=self._part_first,
                 num_records=count,
                 size_bytes=path.stat().st_size,
-                sha256=sha256_file(path),
+                **{BUILD_HASH: hash_file(path, BUILD_HASH)},
             )
         )
 

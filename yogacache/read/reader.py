@@ -50,7 +50,7 @@ class PartProvider(Protocol):
     """Where a lazily opened reader gets its parts (streaming reads, ``yogacache.store.streaming``).
 
     ``acquire(i)`` returns the local path of part ``i``, fetched if need be and verified against
-    the manifest (size and SHA-256), and keeps it from eviction until ``release(i)``.
+    the manifest (size and content hash), and keeps it from eviction until ``release(i)``.
     ``expect(order)`` announces the parts the reader will need next, in order of first use, so
     that they can be fetched ahead. ``keep_open`` is how many parts the reader may hold at once.
     """

@@ -9,7 +9,7 @@ every user may write to, such as ``/tmp``: see ``store.localroot``).
 - Publish: upload the parts, then create the manifest conditionally: exactly one builder wins.
 - Sync: compare the local manifest's (created_at, build_id) with the remote one's. Equal: use
   the local copy (one small request). Different: download into a temporary sibling, verify
-  every part's SHA-256, swap atomically; readers of the old copy keep reading it.
+  every part's content hash, swap atomically; readers of the old copy keep reading it.
 - Coordination: a node-local file lock lets one process per node build or download; a build
   lease in the bucket lets one node build while the others wait for its manifest.
 """
@@ -45,7 +45,7 @@ from yogacache.errors import (
     YogaCacheError,
 )
 from yogacache.format.durability import fsync_path, replace_directory, temp_dir_for, write_file_durably
-from yogacache.format.integrity import Verify, file_identity, has_stamp, sha256_file, stamp_verified, write_stamp
+from yogacache.format.integrity import Verify, file_identity, has_stamp, part_matches, stamp_verified, write_stamp
 from yogacache.format.manifest import MANIFEST_NAME, MAX_MANIFEST_BYTES, Manifest, PartInfo
 from yogacache.format.sources import source_for
 from yogacache.format.writer import BuildLimits
@@ -84,7 +84,7 @@ class _BuildReplaced(Exception):
 
 
 def _part_matches(path: Path, part: PartInfo) -> bool:
-    """Whether the file at ``path`` is a regular file of the part's size and SHA-256 (a stamp of
+    """Whether the file at ``path`` is a regular file of the part's size and content hash (a stamp of
     this user vouches for a file hashed before; otherwise it is hashed, and stamped)."""
     try:
         st = os.lstat(path)
@@ -93,14 +93,14 @@ def _part_matches(path: Path, part: PartInfo) -> bool:
         identity = file_identity(path)
     except OSError:
         return False
-    if has_stamp(identity, part.sha256):
+    if has_stamp(identity, part.hash_label):
         return True
     try:
-        matches = sha256_file(path) == part.sha256
+        matches = part_matches(path, part)
     except OSError:
         return False
     if matches:
-        write_stamp(identity, part.sha256)
+        write_stamp(identity, part.hash_label)
     return matches
 
 
@@ -298,7 +298,7 @@ class RemoteCacheStore:
         do not match the *published* manifest (an empty list: the copy is current).
 
         A copy is current only if its manifest is the published one and every part hashes to
-        the published SHA-256 -- the (created_at, build_id) pair alone proves nothing about
+        the published content hash -- the (created_at, build_id) pair alone proves nothing about
         the bytes beside it. This user's verification stamps spare re-hashing unchanged files.
         """
         local = self.local_manifest(dataset_id, dataset_version)
@@ -342,7 +342,7 @@ class RemoteCacheStore:
         Parts of the existing copy that are this user's files and already hold the published
         bytes (a heal of a damaged copy) are linked instead of downloaded; ``damaged`` names
         parts already found not to. Every downloaded part
-        is checked against the published size and SHA-256. On the first failure, or Ctrl-C, the
+        is checked against the published size and content hash. On the first failure, or Ctrl-C, the
         other transfers are cancelled and the temporary directory is removed.
         """
         dataset_id, dataset_version = remote.dataset_id, remote.dataset_version
@@ -387,7 +387,7 @@ class RemoteCacheStore:
                         f"{self.objects.url(key)} is missing although its manifest is published"
                     ) from None
                 size = path.stat().st_size
-                if size != part.size_bytes or sha256_file(path) != part.sha256:
+                if size != part.size_bytes or not part_matches(path, part):
                     raise CorruptCacheError(
                         f"{self.objects.url(key)} does not match its manifest's size and hash "
                         "(altered or swapped); refused"

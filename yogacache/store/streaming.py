@@ -4,7 +4,7 @@ part cache shared by every process of the node.
 ``stream_cache(store, manifest)`` returns a ``CacheReader`` that opens each part lazily through
 a ``StreamingParts`` provider. A part is downloaded once per node (under its ``flock`` fetch
 lock, ``store.budget.fetch_lock``), into a temporary file that reserves its bytes, checked
-against the manifest's size and SHA-256, and only then renamed to its name,
+against the manifest's size and content hash, and only then renamed to its name,
 ``.parts/<id>/<version>/<build id>-part-NNNNN.mdb``: a download killed midway leaves a
 temporary file that no reader opens and that the next fetch removes. Parts are named by build,
 so a new build published meanwhile never mixes with the old one: parts of the old build already
@@ -30,7 +30,7 @@ from typing import Any, Callable, Optional, Sequence
 from yogacache.backends.base import DEFAULT_TRANSFER_THREADS, ObjectStore
 from yogacache.errors import CacheReplacedError, ConfigError, CorruptCacheError, NoSpaceError
 from yogacache.format.durability import fsync_path
-from yogacache.format.integrity import file_identity, sha256_file, write_stamp
+from yogacache.format.integrity import file_identity, part_matches, write_stamp
 from yogacache.format.manifest import MANIFEST_NAME, MAX_MANIFEST_BYTES, Manifest, PartInfo
 from yogacache.read.reader import CacheReader
 from yogacache.safefs import make_directories
@@ -260,7 +260,7 @@ class StreamingParts:
                 raise
             fsync_path(self.directory)
             try:
-                write_stamp(file_identity(target), part.sha256)
+                write_stamp(file_identity(target), part.hash_label)
             except OSError:
                 pass
 
@@ -323,7 +323,7 @@ class StreamingParts:
                 "publish the cache again"
             ) from None
         size = temp.stat().st_size
-        if size != part.size_bytes or sha256_file(temp) != part.sha256:
+        if size != part.size_bytes or not part_matches(temp, part):
             raise CorruptCacheError(f"{url} does not match its manifest's size and hash (altered or swapped); refused")
         os.chmod(temp, 0o644)
         fsync_path(temp)
