@@ -100,3 +100,32 @@ def test_gc_needs_a_budget_and_leaves_shared_fs_alone(s3_server: Any, tmp_path: 
     done = run_cli("gc", "--storage", str(shared), "--limit", "1")
     assert done.returncode == 0 and "nothing to collect" in done.stdout
     assert (shared / "x" / "v1" / "manifest.json").is_file()
+
+
+def test_rm_removes_the_streamed_parts_of_exactly_that_cache(s3_server: Any, tmp_path: Path) -> None:
+    cloud = Cloud("s3", s3_server)
+    bucket, prefix = cloud.new_bucket(), unique("caches")
+    node = tmp_path / "node"
+    publish(cloud, bucket, prefix, tmp_path / "builder")
+    RemoteCacheStore(cloud.store(bucket, prefix), tmp_path / "builder-a", show_progress=False).get_or_build(
+        "a", "v1", lambda: data(20)
+    )
+    store = RemoteCacheStore(cloud.store(bucket, prefix), node, streaming=True, show_progress=False)
+    reader = store.open("stream", "v1")
+    assert len(reader.read_elements(range(len(reader)))) == len(reader)
+    reader.close()
+    other = store.open("a", "v1")
+    assert int(other[3][1]) == 3
+    parts = node / LOCAL_CACHE_DIR / PARTS_DIR / "stream" / "v1"
+    assert any(parts.glob("*.mdb"))
+    config = tmp_path / "data_layer.json"
+    config.write_text(
+        json.dumps(cloud.config(bucket, prefix, local_cache_host_path=str(node), local_cache_container_path=str(node)))
+    )
+    done = run_cli("rm", "stream", "v1", "-y", "--storage", str(config))
+    assert done.returncode == 0, done.stderr
+    assert not parts.exists()
+    assert any((node / LOCAL_CACHE_DIR / PARTS_DIR / "a" / "v1").glob("*.mdb"))  # the other cache's stay
+    assert f"{prefix}/stream/v1/manifest.json" in cloud.raw_keys(bucket)  # the published cache stays
+    missing = run_cli("rm", "stream", "v1", "-y", "--storage", str(config))
+    assert missing.returncode == 1 and "no local copy" in missing.stderr

@@ -722,9 +722,13 @@ class RemoteCacheStore:
                 self.objects.delete(info.key)
             removed.append(self.objects.url(prefix))
         if local:
+            from yogacache.store.streaming import remove_streamed_parts
+
+            streamed = remove_streamed_parts(self.local.root, dataset_id, dataset_version)
+            removed.extend(streamed)
             if self.local.exists(dataset_id, dataset_version):
                 removed.extend(self.local.remove(dataset_id, dataset_version))
-            elif not remote:
+            elif not remote and not streamed:
                 raise CacheNotFoundError(
                     f"no local copy of {dataset_id}:{dataset_version} under {self.local.root}"
                 )

@@ -336,6 +336,26 @@ def _present(path: Path, part: PartInfo) -> bool:
     return _part_matches(path, part)
 
 
+def remove_streamed_parts(root: Path, dataset_id: str, dataset_version: str) -> list[str]:
+    """Removes this node's streamed parts of one cache (``yogacache rm``); the paths removed.
+
+    Readers that hold a part open keep reading it (LMDB maps the file); the next part they need
+    is fetched again."""
+    directory = root / budget.PARTS_DIR / dataset_id / dataset_version
+    if not directory.is_dir() or directory.is_symlink():
+        return []
+    with budget.budget_lock(root):
+        for entry in os.scandir(directory):
+            if entry.is_file(follow_symlinks=False) and not entry.name.endswith(".lock"):
+                Path(entry.path).unlink(missing_ok=True)
+    for parent in (directory, directory.parent):
+        try:
+            parent.rmdir()  # only when empty (a fetch lock in use keeps it)
+        except OSError:
+            break
+    return [str(directory)]
+
+
 def stream_cache(
     store: Any,
     manifest: Manifest,
