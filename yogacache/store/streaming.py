@@ -216,6 +216,10 @@ class StreamingParts:
         """Starts fetches of the next parts of the announced order (not yet on the node)."""
         with self._lock:
             window = self._order[self._position : self._position + 1 + self._ahead_count()]
+            if window and not os.path.exists(self.path(window[0])):
+                # The part the reader needs now has the link to itself: the next ones start
+                # when it is here (the first batch comes after one part's fetch, not several).
+                window = window[:1]
             for distance, index in enumerate(window):
                 if index in self._ahead and not self._ahead[index].done():
                     continue
