@@ -65,8 +65,12 @@ class ProcessLease:
         stem = f"{self.pid}-{uuid.uuid4().hex[:8]}"
         self.lock_path = directory / f"{stem}.lock"
         self.json_path = directory / f"{stem}.json"
-        self._fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        # Locked under a name no one looks at, then renamed into place: a lease file is never
+        # seen unlocked (which would read as "its process died") while its process lives.
+        hidden = directory / f".{stem}.lock.new"
+        self._fd = os.open(hidden, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         fcntl.flock(self._fd, fcntl.LOCK_EX)  # held until this process exits
+        os.rename(hidden, self.lock_path)
         self._held: dict[str, int] = {}  # item -> how many holders in this process
         self._upcoming: dict[str, list[str]] = {}  # reader -> its next parts, in order
         self._lock = threading.Lock()
