@@ -97,6 +97,7 @@ class Logged:
     action: str
     status: Optional[int]  # the status sent to the client; None for resets and dropped requests
     time: float
+    size: int = 0  # bytes of the response body sent (forwarded responses)
 
 
 class _ClientGone(Exception):
@@ -198,6 +199,10 @@ class FaultProxy:
             and (action is None or entry.action == action)
         ]
 
+    def bytes_sent(self, method: Optional[str] = None, path_contains: Optional[str] = None) -> int:
+        """Response body bytes forwarded to clients for the matching requests."""
+        return sum(entry.size for entry in self.requests(method, path_contains))
+
     def stop(self) -> None:
         """Stops accepting, cuts every open connection and wakes delayed requests (idempotent)."""
         self._stopping.set()
@@ -235,9 +240,9 @@ class FaultProxy:
                 self._clients.add(conn)
             threading.Thread(target=self._serve, args=(conn,), name="faultproxy-conn", daemon=True).start()
 
-    def _record(self, method: str, target: str, action: str, status: Optional[int]) -> None:
+    def _record(self, method: str, target: str, action: str, status: Optional[int], size: int = 0) -> None:
         with self._lock:
-            self._log.append(Logged(method, target, action, status, time.time()))
+            self._log.append(Logged(method, target, action, status, time.time(), size))
 
     def _match(self, method: str, target: str) -> Optional[Rule]:
         with self._lock:
@@ -319,7 +324,7 @@ class FaultProxy:
             conn.shutdown(socket.SHUT_RDWR)
             return False
         sent = 0 if method.upper() == "HEAD" else len(data)
-        self._record(method, target, "delay" if rule is not None else "forwarded", status)
+        self._record(method, target, "delay" if rule is not None else "forwarded", status, len(data))
         with self._lock:
             self.body_bytes_out += sent
             self._forwarded_bytes.append((target, len(body) + sent))

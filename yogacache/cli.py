@@ -225,8 +225,9 @@ def cmd_ls(store: Store, args: argparse.Namespace) -> int:
     entries, note = _list(store)
     if note:
         print(f"yogacache: warning: {note}", file=sys.stderr)
+    usage = _local_usage(store)
     if args.json:
-        print(json.dumps([_row(entry) for entry in entries], indent=2))
+        print(json.dumps([{**_row(entry), **_usage_fields(usage, entry)} for entry in entries], indent=2))
         return 0
     if not entries:
         beyond = f"{store.remote_url} or under " if store.remote_url else "under "
@@ -234,6 +235,8 @@ def cmd_ls(store: Store, args: argparse.Namespace) -> int:
         return 0
     published = store.remote_url is not None
     header = ["DATASET", "VERSION", "RECORDS", "DISK", "CREATED"] + (["WHERE", "LOCAL COPY"] if published else ["PATH"])
+    if published:  # this node's bytes of each cache (whole copy and streamed parts), and its use
+        header[5:5] = ["LOCAL", "IN USE"]
     rows, problems = [], []
     for entry in entries:
         manifest = entry.manifest
@@ -250,6 +253,8 @@ def cmd_ls(store: Store, args: argparse.Namespace) -> int:
                 _created(manifest, seconds=False) + (f" [{len(problems)}]" if entry.error else ""),
             ]
         if published:
+            fields = _usage_fields(usage, entry)
+            row += [format_bytes(fields["local_bytes"]), "yes" if fields["in_use"] else "no"]
             row += [entry.where, entry.copy_state]
         else:
             row += [str(entry.local_path) if entry.local_path else ""]
@@ -257,7 +262,7 @@ def cmd_ls(store: Store, args: argparse.Namespace) -> int:
     print_table(
         header,
         rows,
-        right=("RECORDS", "DISK"),
+        right=("RECORDS", "DISK", "LOCAL"),
         fold=("DATASET", "VERSION", "PATH"),
         path=None if published else "PATH",
         dates=("CREATED",),
@@ -368,6 +373,57 @@ def cmd_push(store: Store, args: argparse.Namespace) -> int:
         f"published {args.dataset_id} {args.version} ({manifest.num_records:,} records) to "
         f"{store.location(args.dataset_id, args.version)}"
     )
+    return 0
+
+
+# -- node-local bytes: ls columns and gc -------------------------------------------------------
+def _local_usage(store: Store) -> dict[tuple[str, str], Any]:
+    """Per cache: node-local bytes (whole copy and streamed parts) and whether it is in use."""
+    if store.remote_url is None:
+        return {}
+    from yogacache.store.eviction import local_usage
+
+    return local_usage(store.root)
+
+
+def _usage_fields(usage: dict[tuple[str, str], Any], entry: CacheEntry) -> dict[str, Any]:
+    found = usage.get((entry.dataset_id, entry.dataset_version))
+    return {
+        "local_bytes": found.total if found else 0,
+        "streamed_bytes": found.part_bytes if found else 0,
+        "in_use": bool(found and found.in_use),
+    }
+
+
+def cmd_gc(store: Store, args: argparse.Namespace) -> int:
+    """Brings node-local copies and streamed parts under the budget by the eviction policy."""
+    from yogacache.sizes import parse_size
+    from yogacache.store.eviction import collect
+
+    if store.remote_url is None:
+        print(
+            f"nothing to collect under {store.root}: its caches are the only copies "
+            "(shared_fs or local, never evicted)"
+        )
+        return 0
+    limit = parse_size(args.limit, "--limit") if args.limit is not None else getattr(store, "local_cache_limit", None)
+    if limit is None:
+        raise ConfigError(
+            'gc needs a budget: pass --limit SIZE (e.g. 200Gi) or set "local_cache_limit" in the storage config'
+        )
+    result = collect(store, limit, dry_run=args.dry_run)
+    verb = "would remove" if args.dry_run else "removed"
+    for eviction in result.evicted:
+        print(f"{verb} {eviction.item.item} ({format_bytes(eviction.item.size)}): {eviction.reason}")
+    print(
+        f"{store.root}: {format_bytes(result.before)} before, {format_bytes(result.after)} after "
+        f"(limit {format_bytes(limit)}; {format_bytes(result.kept_in_use)} in use by live processes)"
+    )
+    if result.after > limit:
+        print(
+            "yogacache: warning: still over the limit: the rest is in use or the only copy of a cache",
+            file=sys.stderr,
+        )
     return 0
 
 
@@ -807,6 +863,17 @@ def build_parser() -> argparse.ArgumentParser:
     )
     cache_arguments(migrate)
     migrate.add_argument("--force", action="store_true", help="convert again even if a converted cache is in place")
+
+    gc = command(
+        "gc",
+        cmd_gc,
+        "evict node-local copies and streamed parts down to a byte budget",
+        "Never removes what a live process reads, nor a cache's only copy (an unpublished local\n"
+        "cache, a shared_fs cache); removes what is needed furthest in the future first.\n\n"
+        "examples:\n  yogacache gc --dry-run --storage config.yaml\n  yogacache gc --limit 200Gi --storage s3://bucket/caches",
+    )
+    gc.add_argument("--dry-run", action="store_true", help="show what would be removed, remove nothing")
+    gc.add_argument("--limit", metavar="SIZE", help="the budget (K M G T, Ki Mi Gi Ti); default: local_cache_limit")
 
     export = command(
         "export",

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any, Mapping, Optional, Union
 
 from yogacache.errors import ConfigError
+from yogacache.sizes import parse_size
 
 
 def _explain_unknown(unknown: list[Any], allowed: set[str]) -> str:
@@ -67,6 +68,10 @@ class _CloudConfig:
     local_cache_container_path: Optional[str] = None
     # Copies of this storage's caches nearer the readers, nearest first (see store.mirrors).
     mirrors: tuple[Any, ...] = ()
+    # Streaming reads (parts fetched on demand into a node-local part cache, docs/streaming.md)
+    # and the byte budget of node-local data; both off by default.
+    streaming: bool = False
+    local_cache_limit: Optional[int] = None
 
     @property
     def local_cache_path(self) -> Optional[Path]:
@@ -145,6 +150,7 @@ def parse_config(raw: Union[Mapping[str, Any], StorageConfig, None]) -> Optional
         local_cache_host_path=host,
         local_cache_container_path=container,
         mirrors=_mirrors(raw),
+        **_streaming_options(raw),
     )
     if cls is S3Config:
         return S3Config(
@@ -179,6 +185,19 @@ def _mirrors(raw: Mapping[str, Any]) -> tuple[Any, ...]:
             raise ConfigError(f"data_layer.mirrors[{index}] must be an s3 or gcs storage")
         found.append(mirror)
     return tuple(found)
+
+
+def _streaming_options(raw: Mapping[str, Any]) -> dict[str, Any]:
+    """``streaming`` (a bool) and ``local_cache_limit`` (a byte size such as ``"200Gi"``)."""
+    streaming = raw.get("streaming", False)
+    if not isinstance(streaming, bool):
+        raise ConfigError(f"data_layer.streaming must be true or false, got {streaming!r}")
+    limit = raw.get("local_cache_limit")
+    if limit is not None:
+        limit = parse_size(limit, "data_layer.local_cache_limit")
+        if limit == 0:
+            raise ConfigError("data_layer.local_cache_limit must be more than 0 bytes (or null: no limit)")
+    return {"streaming": streaming, "local_cache_limit": limit}
 
 
 def load_config_file(path: Path) -> Optional[StorageConfig]:

@@ -355,6 +355,8 @@ class CacheIterableDataset(IterableDataset):  # type: ignore[type-arg]
 
     def __iter__(self) -> Iterator[Any]:
         plan = self.schedule.plan(self._epoch, self._position)
+        # A streamed cache fetches this epoch's parts ahead, then the next epoch's.
+        self.reader.expect_plan(plan, lambda: self.schedule.plan(self._epoch + 1))
         info = get_worker_info()
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
         if info is None:

@@ -267,6 +267,8 @@ class EpochReads:
                 while len(self._plans) >= 2:  # iterators of neighbouring epochs may overlap
                     del self._plans[min(self._plans)]
                 self._plans[epoch] = plan
+                # A streamed cache fetches this epoch's parts ahead, then the next epoch's.
+                self._reader.expect_plan(plan, lambda: self._schedule.plan(epoch + 1))
         return plan
 
     def indices(self, epoch: int, read: int) -> np.ndarray:

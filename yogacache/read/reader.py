@@ -27,7 +27,7 @@ import threading
 import weakref
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Callable, Iterator, Optional, Sequence, TypeVar
+from typing import Any, Callable, Iterable, Iterator, Optional, Protocol, Sequence, TypeVar
 
 import lmdb
 import numpy as np
@@ -44,6 +44,38 @@ _PROC_FDS = Path("/proc/self/fd")
 # Records this large span several pages: reading ahead beats faulting page by page.
 LARGE_RECORD_BYTES = 32 << 10
 _TOO_MANY_FILES = (errno.EMFILE, errno.ENFILE)
+
+
+class PartProvider(Protocol):
+    """Where a lazily opened reader gets its parts (streaming reads, ``yogacache.store.streaming``).
+
+    ``acquire(i)`` returns the local path of part ``i``, fetched if need be and verified against
+    the manifest (size and content hash), and keeps it from eviction until ``release(i)``.
+    ``expect(order)`` announces the parts the reader will need next, in order of first use, so
+    that they can be fetched ahead. ``keep_open`` is how many parts the reader may hold at once.
+    """
+
+    keep_open: int
+
+    def acquire(self, index: int) -> Path: ...
+
+    def release(self, index: int) -> None: ...
+
+    def expect(self, order: Sequence[int]) -> None: ...
+
+
+def parts_in_order(starts: np.ndarray, indices: Iterable[np.ndarray]) -> list[int]:
+    """The parts (by number, for parts starting at record ``starts``) that the record indices
+    of ``indices`` fall in, in order of first use."""
+    seen: dict[int, None] = {}
+    for chunk in indices:
+        if not len(chunk):
+            continue
+        owners = np.searchsorted(starts, chunk, side="right") - 1
+        _, first = np.unique(owners, return_index=True)
+        for part in owners[np.sort(first)].tolist():
+            seen.setdefault(int(part), None)
+    return list(seen)
 
 
 def _physical_memory() -> int:
@@ -218,8 +250,15 @@ class CacheReader:
     """Reads records of a sealed cache by index; a context manager (``close()`` on exit)."""
 
     def __init__(
-        self, directory: Path, manifest: Optional[Manifest] = None, verify: Verify = "auto"
+        self,
+        directory: Path,
+        manifest: Optional[Manifest] = None,
+        verify: Verify = "auto",
+        *,
+        part_provider: Optional[PartProvider] = None,
     ) -> None:
+        """``part_provider``: open parts lazily, on first read, at the paths the provider gives (a
+        streamed cache); ``directory`` then only names the cache in messages."""
         if verify not in VERIFY_MODES:
             raise ValueError(f"verify must be one of {', '.join(VERIFY_MODES)}, got {verify!r}")
         self.directory = Path(directory)
@@ -242,6 +281,14 @@ class CacheReader:
         self._opener: tuple[int, dict[str, int]] = (os.getpid(), {})
         self._identities: list[FileIdentity] = []
         held: list[_PartEnvironment] = []
+        self._provider = part_provider
+        # Lazily opened parts (with a provider): part number -> environment, least recent first.
+        self._lazy: dict[int, _PartEnvironment] = {}
+        if part_provider is not None:
+            self._held = []
+            self._envs: list[Any] = []
+            self._pid = os.getpid()
+            return
         parts = self.manifest.parts
         make_room_for_descriptors(len(parts))
         with _explain_descriptor_errors(len(parts), self.directory):
@@ -261,7 +308,7 @@ class CacheReader:
                     os.close(fd)
                 self._identities.append(identity)
         self._held = held
-        self._envs: list[Any] = [entry.env for entry in held]
+        self._envs = [entry.env for entry in held]
         self._pid = os.getpid()
 
     def _attach(self, part: PartInfo, identity: FileIdentity, descriptor: Callable[[], int]) -> _PartEnvironment:
@@ -363,6 +410,7 @@ class CacheReader:
         """Releases this reader's part files (each closes once no reader of the process holds
         it). Idempotent; reading afterwards raises ValueError."""
         self._closed = True
+        self._release_lazy()
         self._held = []
         self._envs = []
         self._pid = -1
@@ -404,6 +452,8 @@ class CacheReader:
         indices = np.asarray(indices, dtype=np.int64)
         if len(indices) and (indices.min() < 0 or indices.max() >= self.manifest.num_records):
             raise IndexError(f"record index out of range [0, {self.manifest.num_records})")
+        if self._provider is not None:
+            return self._read_lazily(indices, consume)
         envs = self._environments()
         shifts = self._key_shifts
         if len(envs) == 1 or len(indices) == 0:
@@ -461,6 +511,90 @@ class CacheReader:
         """One stacked array per leaf for the records at ``indices`` (fixed-shape specs only)."""
         return self._read(indices, self.codec.decode_columns)
 
+    # -- lazily opened parts (streamed caches) -----------------------------------------------------
+    def expect_plan(
+        self, plan: Any, following: Optional[Callable[[], Any]] = None, *, window: int = 1 << 20
+    ) -> None:
+        """Tells the part provider (if any) which parts reading ``plan`` (an ``EpochPlan``)
+        needs, in order, then those of ``following()`` (the next epoch's plan), so that it
+        fetches them ahead and, at the end of an epoch, keeps what the next one starts with; a
+        no-op for a reader of local files."""
+        if self._provider is None or self._closed:
+            return
+        order = []
+        for each in (plan, following() if following is not None else None):
+            if each is None:
+                continue
+            total = len(each)
+            chunks = (each.indices(start, min(start + window, total)) for start in range(0, total, window))
+            order += parts_in_order(self._starts, chunks)
+        self._provider.expect(order)
+
+    def _read_lazily(self, indices: np.ndarray, consume: Callable[[list[Any]], T]) -> T:
+        """``_read`` through the provider: one part at a time, its records copied out, so that
+        a read needs one part on the node at a time whatever the number of parts it spans."""
+        if self._closed:
+            raise ValueError(f"this reader of the cache at {self.directory} is closed: open the cache again")
+        if self._pid != os.getpid():
+            self._lazy = {}  # environments never cross fork(); the parent's pins are its own
+            self._pid = os.getpid()
+        values: list[Any] = [None] * len(indices)
+        owners = np.searchsorted(self._starts, indices, side="right") - 1
+        _, first = np.unique(owners, return_index=True)
+        try:
+            for part_index in owners[np.sort(first)].tolist():
+                positions = np.nonzero(owners == part_index)[0]
+                env = self._lazy_environment(int(part_index)).env
+                with env.begin(buffers=True) as txn:
+                    keys = indices[positions].astype(">u8").view("V8").tolist()
+                    for position, key in zip(positions.tolist(), keys):
+                        value = txn.get(key)
+                        values[position] = None if value is None else bytes(value)
+        except lmdb.Error as error:
+            raise CorruptCacheError(f"reading {self.directory} failed: {error}") from error
+        if None in values:
+            raise CorruptCacheError(f"cache {self.directory} is missing records its manifest lists")
+        return consume(values)
+
+    def _lazy_environment(self, index: int) -> _PartEnvironment:
+        """This process's environment of part ``index``, acquired from the provider on first use;
+        the least recently used beyond ``keep_open`` are closed and released."""
+        assert self._provider is not None
+        entry = self._lazy.pop(index, None)
+        if entry is None:
+            part = self.manifest.parts[index]
+            path = self._provider.acquire(index)
+            try:
+                fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+                try:
+                    st = os.fstat(fd)
+                    if st.st_size != part.size_bytes:
+                        raise CorruptCacheError(
+                            f"cache part {path} holds {st.st_size} bytes, the manifest says {part.size_bytes}"
+                        )
+                    entry = self._attach(part, _identity(st), functools.partial(os.dup, fd))
+                finally:
+                    os.close(fd)
+            except BaseException:
+                self._provider.release(index)
+                raise
+        self._lazy[index] = entry
+        while len(self._lazy) > max(1, self._provider.keep_open):
+            oldest = next(iter(self._lazy))
+            del self._lazy[oldest]
+            self._provider.release(oldest)
+        return entry
+
+    def _release_lazy(self) -> None:
+        lazy, self._lazy = getattr(self, "_lazy", {}), {}
+        provider = getattr(self, "_provider", None)
+        if provider is not None and getattr(self, "_pid", None) == os.getpid():
+            for index in lazy:
+                provider.release(index)
+            stop = getattr(provider, "close", None)
+            if stop is not None:
+                stop()  # no more fetching ahead for this reader
+
     def __getstate__(self) -> dict[str, Any]:
         # Sending a reader to another process (DataLoader spawn) sends what it was opened on:
         # the manifest, each part's identity, and where this process holds each part.
@@ -468,6 +602,7 @@ class CacheReader:
         state["_held"] = []
         state["_envs"] = []
         state["_pid"] = -1
+        state["_lazy"] = {}
         del state["codec"]  # holds a msgpack Packer, which does not pickle: rebuilt on arrival
         if self._pid == os.getpid():
             held = _own_descriptors()

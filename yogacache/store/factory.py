@@ -7,12 +7,14 @@ nothing (the local default).
 
 from __future__ import annotations
 
+import functools
 import os
 from pathlib import Path
 from typing import Any, Mapping, Optional, Union
 
 from yogacache.backends.registry import open_backend
 from yogacache.config import SharedFSConfig, StorageConfig, load_config_file, parse_config
+from yogacache.errors import ConfigError
 from yogacache.format.integrity import Verify
 from yogacache.format.writer import BuildLimits
 from yogacache.store.base import Store
@@ -60,8 +62,20 @@ def _from_config(config: Optional[StorageConfig], options: dict[str, Any]) -> St
         return CacheStore(root, **options)
     backend = open_backend(config.url, **config.backend_options())
     if config.mirrors:
+        if config.streaming or config.local_cache_limit is not None:
+            raise ConfigError(
+                "data_layer.mirrors cannot be combined with streaming or local_cache_limit yet: "
+                "use the mirrors for whole copies, or stream from one storage"
+            )
         from yogacache.store.mirrors import MirroredCacheStore
 
         mirrors = [open_backend(mirror.url, **mirror.backend_options()) for mirror in config.mirrors]
         return MirroredCacheStore(backend, mirrors, config.local_cache_path or default_cache_root(), **options)
-    return RemoteCacheStore(backend, config.local_cache_path or default_cache_root(), **options)
+    return RemoteCacheStore(
+        backend,
+        config.local_cache_path or default_cache_root(),
+        **options,
+        streaming=config.streaming,
+        local_cache_limit=config.local_cache_limit,
+        objects_factory=functools.partial(open_backend, config.url, **config.backend_options()),
+    )

@@ -163,8 +163,18 @@ class RemoteCacheStore:
         wait_timeout: Optional[float] = None,
         transfer_threads: int = DEFAULT_TRANSFER_THREADS,
         show_progress: bool = True,
+        streaming: bool = False,
+        local_cache_limit: Optional[int] = None,
+        objects_factory: Optional[Callable[[], ObjectStore]] = None,
     ) -> None:
+        """``streaming``: read published caches by streaming their parts (see
+        ``store.streaming``); ``local_cache_limit``: the byte budget of this node's local copies
+        and streamed parts (a cache larger than it is streamed); ``objects_factory`` makes
+        another client of the same object store in another process (spawned DataLoader workers)."""
         self.objects = objects
+        self.streaming = streaming
+        self.local_cache_limit = local_cache_limit
+        self.objects_factory = objects_factory
         root = local_copies_root(local_root)  # per user under a shared /tmp: see store.localroot
         self.local = CacheStore(
             root.path,
@@ -234,8 +244,14 @@ class RemoteCacheStore:
         return self.local.verify(dataset_id, dataset_version)
 
     def pull(self, dataset_id: str, dataset_version: str) -> CacheReader:
-        """Makes the local copy current with the published cache."""
-        return self.open(dataset_id, dataset_version)
+        """Makes the local copy current with the published cache (a whole copy, also when
+        reads stream)."""
+        if not (self.streaming or self.local_cache_limit is not None):
+            return self.open(dataset_id, dataset_version)
+        remote = self.remote_manifest(dataset_id, dataset_version)
+        if remote is None:
+            return self.open(dataset_id, dataset_version)  # says it is not published
+        return self.sync(dataset_id, dataset_version, remote, whole=True)
 
     def local_manifest(self, dataset_id: str, dataset_version: str) -> Optional[Manifest]:
         try:
@@ -254,13 +270,27 @@ class RemoteCacheStore:
             )
         return self.sync(dataset_id, dataset_version, remote)
 
-    def sync(self, dataset_id: str, dataset_version: str, remote: Manifest) -> CacheReader:
-        """Makes the local copy the published build ``remote`` (verified), then opens it."""
+    def sync(self, dataset_id: str, dataset_version: str, remote: Manifest, *, whole: bool = False) -> CacheReader:
+        """Makes the local copy the published build ``remote`` (verified), then opens it; or
+        streams it (``streams``), unless ``whole``."""
         if self._damaged_parts(dataset_id, dataset_version, remote) != []:
+            if not whole and self.streams(remote):
+                from yogacache.store.streaming import stream_cache
+
+                return stream_cache(self, remote, limit=self.local_cache_limit, objects_factory=self.objects_factory)
             downloader = waiter(dataset_id, dataset_version, "downloading")
             with self.local.lock(dataset_id, dataset_version, on_wait=downloader):
                 self._sync_locked(dataset_id, dataset_version, remote)
+        from yogacache.store.budget import hold_copy
+
+        hold_copy(self.local.root, dataset_id, dataset_version)  # in use: gc and eviction leave it
         return self.local.open(dataset_id, dataset_version)
+
+    def streams(self, remote: Manifest) -> bool:
+        """Whether ``remote`` is read by streaming its parts: when asked for, or when it is larger
+        than the local budget."""
+        limit = self.local_cache_limit
+        return self.streaming or (limit is not None and remote.total_size_bytes > limit)
 
     def _damaged_parts(
         self, dataset_id: str, dataset_version: str, remote: Manifest, *, report: bool = False
@@ -324,6 +354,10 @@ class RemoteCacheStore:
         missing = tuple(part for part in remote.parts if part.name not in reusable)
         need = sum(part.size_bytes for part in missing)
         target.parent.mkdir(parents=True, exist_ok=True, mode=0o755)
+        if self.local_cache_limit is not None:
+            from yogacache.store.eviction import make_room_for_copy
+
+            make_room_for_copy(self, remote, need)
         _check_free_space(target.parent, need, dataset_id, dataset_version)
         if previous_origin is not None and previous_origin != self.remote_url and target.exists():
             log.warning(
@@ -690,9 +724,13 @@ class RemoteCacheStore:
                 self.objects.delete(info.key)
             removed.append(self.objects.url(prefix))
         if local:
+            from yogacache.store.streaming import remove_streamed_parts
+
+            streamed = remove_streamed_parts(self.local.root, dataset_id, dataset_version)
+            removed.extend(streamed)
             if self.local.exists(dataset_id, dataset_version):
                 removed.extend(self.local.remove(dataset_id, dataset_version))
-            elif not remote:
+            elif not remote and not streamed:
                 raise CacheNotFoundError(
                     f"no local copy of {dataset_id}:{dataset_version} under {self.local.root}"
                 )

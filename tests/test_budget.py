@@ -1,0 +1,189 @@
+"""The node-local byte budget: sizes, settings, the eviction order, leases of live processes
+(gone with a SIGKILLed process), and whole local copies kept under the budget without ever
+evicting the only copy or one in use."""
+
+from __future__ import annotations
+
+import json
+import math
+import signal
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from tests.cloud_helpers import python_env, start_python
+from yogacache.backends.files import FileObjectStore
+from yogacache.config import parse_config
+from yogacache.errors import ConfigError, NoSpaceError
+from yogacache.sizes import format_size, parse_size
+from yogacache.store import budget, eviction
+from yogacache.store.remote import RemoteCacheStore
+
+
+# -- sizes and settings ---------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("200Gi", 200 * 2**30),
+        ("500G", 500 * 10**9),
+        ("1.5T", 1_500_000_000_000),
+        ("512Mi", 512 * 2**20),
+        ("64KiB", 64 * 1024),
+        ("3k", 3000),
+        ("1Ti", 2**40),
+        ("12345", 12345),
+        (4096, 4096),
+    ],
+)
+def test_sizes_take_decimal_and_binary_units(text: Any, expected: int) -> None:
+    assert parse_size(text) == expected
+
+
+@pytest.mark.parametrize("bad", ["12 parsecs", "-5G", "G", "", "1.2.3M", True, 2.5, -1])
+def test_bad_sizes_are_refused_naming_the_units(bad: Any) -> None:
+    with pytest.raises(ConfigError) as raised:
+        parse_size(bad, "data_layer.local_cache_limit")
+    assert "data_layer.local_cache_limit" in str(raised.value)
+
+
+def test_format_size() -> None:
+    assert format_size(3 * 2**30 // 2) == "1.5 GiB"
+    assert format_size(100) == "100 B"
+
+
+def test_config_takes_streaming_and_local_cache_limit() -> None:
+    raw = {"type": "s3", "bucket": "test-bucket", "bucket_directory_path": "c"}
+    default = parse_config(raw)
+    assert default.streaming is False and default.local_cache_limit is None  # type: ignore[union-attr]
+    parsed = parse_config({**raw, "streaming": True, "local_cache_limit": "200Gi"})
+    assert parsed.streaming is True and parsed.local_cache_limit == 200 * 2**30  # type: ignore[union-attr]
+    gcs = parse_config({"type": "gcs", "bucket": "b", "bucket_directory_path": "c", "local_cache_limit": "1T"})
+    assert gcs.local_cache_limit == 10**12  # type: ignore[union-attr]
+    with pytest.raises(ConfigError, match="data_layer.streaming must be true or false"):
+        parse_config({**raw, "streaming": "yes"})
+    with pytest.raises(ConfigError, match="Ki Mi Gi Ti"):
+        parse_config({**raw, "local_cache_limit": "lots"})
+    with pytest.raises(ConfigError, match="more than 0 bytes"):
+        parse_config({**raw, "local_cache_limit": 0})
+    with pytest.raises(ConfigError, match="unknown data_layer keys"):
+        parse_config({"type": "shared_fs", "host_storage_path": "/x", "local_cache_limit": "1G"})
+
+
+# -- the eviction order ---------------------------------------------------------------------
+def _item(name: str, size: int = 10, atime: float = 0.0, kind: str = "part") -> budget.LocalItem:
+    return budget.LocalItem(name, Path("/nowhere") / name, size, atime, kind, "d", "v")
+
+
+def test_eviction_takes_what_is_needed_furthest_in_the_future_first() -> None:
+    items = [
+        _item("soon"),
+        _item("later"),
+        _item("held"),
+        _item("never-old", atime=1.0),
+        _item("never-new", atime=2.0),
+        _item("copy", kind="copy"),
+    ]
+    leases = budget.LiveLeases(frozenset({"held"}), {"soon": 1, "later": 7}, processes=2)
+    chosen, usage = budget.choose_evictions(items, leases, need=10, limit=60)
+    # 60 used + 10 needed > 60: one item must go; no reader needs "never-old" and it is older.
+    assert [e.item.item for e in chosen] == ["never-old"]
+    assert usage == 50
+    chosen, usage = budget.choose_evictions(items, leases, need=0, limit=0)
+    # Everything evictable, furthest first: never needed (LRU), then "later", then "soon";
+    # never the held part, never a copy nobody vouched for.
+    assert [e.item.item for e in chosen] == ["never-old", "never-new", "later", "soon"]
+    assert usage == 20
+    # Fetching ahead for position 5 evicts nothing needed sooner than that.
+    chosen, _ = budget.choose_evictions(items, leases, need=0, limit=0, sooner_than=5)
+    assert "soon" not in [e.item.item for e in chosen] and "later" in [e.item.item for e in chosen]
+    assert leases.rank("absent") == math.inf
+
+
+# -- leases -----------------------------------------------------------------------------------
+LEASE_HOLDER = r"""
+import sys, time
+from pathlib import Path
+from yogacache.store.budget import process_lease
+lease = process_lease(Path(sys.argv[1]))
+lease.hold("ds/v1")
+lease.announce("r", [".parts/ds/v1/b-part-00002.mdb", ".parts/ds/v1/b-part-00001.mdb"])
+print("ready", flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_lease_protects_while_its_process_lives_and_not_after_sigkill(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    root.mkdir()
+    process = start_python(LEASE_HOLDER, str(root), env=python_env())
+    try:
+        assert process.stdout is not None and process.stdout.readline().strip() == "ready"
+        live = budget.live_leases(root)
+        assert live.held == {"ds/v1"} and live.processes == 1
+        assert live.rank(".parts/ds/v1/b-part-00002.mdb") == 0 and live.rank(".parts/ds/v1/b-part-00001.mdb") == 1
+    finally:
+        process.send_signal(signal.SIGKILL)
+        process.wait(timeout=30)
+    live = budget.live_leases(root)
+    assert live.held == frozenset() and live.processes == 0
+    assert list((root / budget.LEASES_DIR).iterdir()) == []  # the dead process's lease files went
+
+
+# -- whole local copies under the budget --------------------------------------------------------
+def _data(n: int, fill: int) -> list[tuple[np.ndarray, int]]:
+    return [(np.full(1024, i + fill, np.int32), i + fill) for i in range(n)]
+
+
+OPEN_COPY = r"""
+import sys, time
+from yogacache.backends.files import FileObjectStore
+from yogacache.store.remote import RemoteCacheStore
+limit = int(sys.argv[3])
+node = RemoteCacheStore(FileObjectStore(sys.argv[1]), sys.argv[2], local_cache_limit=limit, show_progress=False)
+reader = node.open(sys.argv[4], "v1")
+print(int(reader[0][1]), flush=True)
+if sys.argv[5] == "hold":
+    time.sleep(600)
+"""
+
+
+def test_whole_copies_stay_under_the_budget_never_evicting_the_only_copy_or_one_in_use(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    bucket, node_dir = tmp_path / "bucket", tmp_path / "node"
+    builder = RemoteCacheStore(FileObjectStore(bucket), tmp_path / "builder", show_progress=False)
+    sizes = {name: builder.get_or_build(name, "v1", lambda: _data(100, 0)).manifest.total_size_bytes for name in "ab"}
+    node = RemoteCacheStore(FileObjectStore(bucket), node_dir, show_progress=False)
+    only = node.local.build("only", "v1", _data(100, 0))  # never published: the only copy
+    limit = only.total_size_bytes + sizes["a"] + sizes["b"] // 2
+    args = [str(bucket), str(node_dir), str(limit)]
+
+    def open_elsewhere(name: str, mode: str) -> Any:
+        process = start_python(OPEN_COPY, *args, name, mode, env=python_env())
+        assert process.stdout is not None and process.stdout.readline().strip() == "0"
+        return process
+
+    open_elsewhere("a", "exit").wait(timeout=60)
+    assert (node_dir / "yogadl_local_cache" / "a" / "v1").is_dir()
+    # A process holds "a" open: "b" does not fit, and nothing may be evicted for it.
+    monkeypatch.setattr(eviction, "COPY_ROOM_WAIT_SECONDS", 0.3)
+    holder = open_elsewhere("a", "hold")
+    try:
+        limited = RemoteCacheStore(FileObjectStore(bucket), node_dir, local_cache_limit=limit, show_progress=False)
+        with pytest.raises(NoSpaceError) as raised:
+            limited.open("b", "v1")
+        assert "in use by live processes or the only copy" in str(raised.value)
+        assert (node_dir / "yogadl_local_cache" / "a" / "v1").is_dir()
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait(timeout=30)
+    # Its reader is gone: "a" (published, this remote's copy) makes room; "only" stays.
+    reader = limited.open("b", "v1")
+    assert int(reader[5][1]) == 5
+    root = node_dir / "yogadl_local_cache"
+    assert not (root / "a" / "v1").exists()
+    assert (root / "only" / "v1" / "manifest.json").is_file()
+    assert json.loads((root / "only" / "v1" / "manifest.json").read_text())["build_id"] == only.build_id
+    assert sum(item.size for item in budget.local_items(root)) <= limit

@@ -1,0 +1,414 @@
+"""The byte budget of a node's local data: leases of live readers, usage, and eviction.
+
+Under a local root (``<local_cache_path>/yogadl_local_cache``) live whole local copies
+(``<id>/<version>/``) and streamed parts (``.parts/<id>/<version>/<build>-part-NNNNN.mdb``).
+Every process that reads some of them holds a *lease*: ``.leases/<pid>-<random>.lock``, locked
+with ``flock`` for the life of the process, beside a ``.json`` file naming what it reads and the
+parts it will need next, in order. A lease whose lock can be taken belongs to a dead process
+(also after SIGKILL: the kernel drops the lock) and protects nothing.
+
+Eviction (``make_room``, ``collect``) runs under one node-wide lock (``.budget.lock``) and never
+removes what a live lease holds, nor a local copy that is the only copy (see
+``RemoteCacheStore``'s ``copy_is_evictable``). Among the rest it removes what is needed furthest
+in the future -- the readers' announced read orders say when each part is needed next --
+and, among what no reader will need, the least recently used first.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import json
+import logging
+import math
+import os
+import threading
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterator, Optional
+
+from yogacache.format.manifest import MANIFEST_NAME
+from yogacache.locks import FileLock, LockTimeoutError
+from yogacache.safefs import PUBLIC_FILE_MODE, make_directories
+
+log = logging.getLogger(__name__)
+
+PARTS_DIR = ".parts"
+LEASES_DIR = ".leases"
+BUDGET_LOCK = ".budget.lock"
+TEMP_MARK = ".tmp-"  # ``.<part>.tmp-<pid>-<bytes>-<random>``: a part being downloaded
+UPCOMING_LIMIT = 1024  # parts of its read order a lease announces
+
+
+def part_item(dataset_id: str, dataset_version: str, file_name: str) -> str:
+    """A streamed part's name in leases: its path under the local root."""
+    return f"{PARTS_DIR}/{dataset_id}/{dataset_version}/{file_name}"
+
+
+def copy_item(dataset_id: str, dataset_version: str) -> str:
+    """A whole local copy's name in leases."""
+    return f"{dataset_id}/{dataset_version}"
+
+
+# -- this process's lease ---------------------------------------------------------------------
+
+
+class ProcessLease:
+    """This process's lease under one local root: what it reads, and what it reads next."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.pid = os.getpid()
+        directory = root / LEASES_DIR
+        make_directories(directory)
+        stem = f"{self.pid}-{uuid.uuid4().hex[:8]}"
+        self.lock_path = directory / f"{stem}.lock"
+        self.json_path = directory / f"{stem}.json"
+        # Locked under a name no one looks at, then renamed into place: a lease file is never
+        # seen unlocked (which would read as "its process died") while its process lives.
+        hidden = directory / f".{stem}.lock.new"
+        self._fd = os.open(hidden, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        fcntl.flock(self._fd, fcntl.LOCK_EX)  # held until this process exits
+        os.rename(hidden, self.lock_path)
+        self._held: dict[str, int] = {}  # item -> how many holders in this process
+        self._upcoming: dict[str, list[str]] = {}  # reader -> its next parts, in order
+        self._lock = threading.Lock()
+
+    def hold(self, item: str) -> None:
+        with self._lock:
+            self._held[item] = self._held.get(item, 0) + 1
+            if self._held[item] == 1:
+                self._write()
+
+    def drop(self, item: str) -> None:
+        with self._lock:
+            count = self._held.get(item, 0) - 1
+            if count > 0:
+                self._held[item] = count
+                return
+            self._held.pop(item, None)
+            self._write()
+
+    def announce(self, reader: str, upcoming: list[str]) -> None:
+        """Records the next parts ``reader`` (a reader of this process) will need, in order."""
+        with self._lock:
+            self._upcoming[reader] = upcoming[:UPCOMING_LIMIT]
+            self._write()
+
+    def holds(self, item: str) -> bool:
+        with self._lock:
+            return item in self._held
+
+    def _write(self) -> None:
+        data = {"pid": self.pid, "held": sorted(self._held), "upcoming": list(self._upcoming.values())}
+        temp = self.json_path.with_name(f".{self.json_path.name}.{uuid.uuid4().hex[:8]}")
+        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        with os.fdopen(fd, "w") as handle:
+            handle.write(json.dumps(data))
+        os.replace(temp, self.json_path)
+
+
+_leases: dict[Path, ProcessLease] = {}
+_leases_lock = threading.Lock()
+
+
+def _forget_leases_after_fork() -> None:
+    global _leases_lock
+    _leases.clear()  # the parent's leases are the parent's: a child takes its own
+    _leases_lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_leases_after_fork)
+
+
+def process_lease(root: Path) -> ProcessLease:
+    """This process's lease under ``root`` (one per process and root, taken on first use)."""
+    with _leases_lock:
+        lease = _leases.get(root)
+        if lease is None or lease.pid != os.getpid():
+            lease = _leases[root] = ProcessLease(root)
+        return lease
+
+
+def hold_copy(root: Path, dataset_id: str, dataset_version: str) -> None:
+    """Marks the whole local copy as read by this process, for the rest of its life (a root
+    this process cannot write to just goes unmarked: nothing evicts there either)."""
+    try:
+        process_lease(root).hold(copy_item(dataset_id, dataset_version))
+    except OSError as error:
+        log.debug("cannot take a lease under %s: %s", root, error)
+
+
+@dataclass(frozen=True)
+class LiveLeases:
+    """What the live processes of a node hold, and when they need each part next."""
+
+    held: frozenset[str]
+    next_use: dict[str, int]  # item -> the earliest position in any live reader's order
+    processes: int
+
+    def rank(self, item: str) -> float:
+        return self.next_use.get(item, math.inf)
+
+
+def live_leases(root: Path) -> LiveLeases:
+    """The leases of live processes under ``root``; a dead process's lease files are removed."""
+    held: set[str] = set()
+    next_use: dict[str, int] = {}
+    processes = 0
+    directory = root / LEASES_DIR
+    try:
+        names = sorted(os.listdir(directory))
+    except FileNotFoundError:
+        names = []
+    for name in names:
+        if not name.endswith(".lock"):
+            continue
+        lock_path = directory / name
+        json_path = directory / (name[: -len(".lock")] + ".json")
+        try:
+            fd = os.open(lock_path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            continue
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError as error:
+                if error.errno not in (errno.EAGAIN, errno.EACCES):
+                    raise
+                alive = True
+            else:
+                alive = False  # nobody holds it: its process is gone
+                json_path.unlink(missing_ok=True)
+                lock_path.unlink(missing_ok=True)
+        finally:
+            os.close(fd)
+        if not alive:
+            continue
+        processes += 1
+        try:
+            data = json.loads(json_path.read_text())
+        except (OSError, ValueError):
+            continue  # a lease being written for the first time holds nothing yet
+        held.update(str(item) for item in data.get("held", []))
+        for order in data.get("upcoming", []):
+            for position, item in enumerate(order):
+                if position < next_use.get(item, math.inf):
+                    next_use[item] = position
+    return LiveLeases(frozenset(held), next_use, processes)
+
+
+# -- what is on the node ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LocalItem:
+    """A whole local copy or a streamed part under a local root."""
+
+    item: str  # its name in leases
+    path: Path
+    size: int
+    atime: float
+    kind: str  # "copy" or "part"
+    dataset_id: str
+    dataset_version: str
+
+
+def _tree_size(path: Path) -> tuple[int, float]:
+    size, newest = 0, 0.0
+    for dirpath, _dirs, files in os.walk(path):
+        for name in files:
+            try:
+                st = os.lstat(os.path.join(dirpath, name))
+            except OSError:
+                continue
+            size += st.st_size
+            newest = max(newest, st.st_atime)
+    return size, newest
+
+
+def _visible_dirs(directory: Path) -> Iterator[Path]:
+    try:
+        entries = sorted(os.scandir(directory), key=lambda entry: entry.name)
+    except OSError:
+        return
+    for entry in entries:
+        if not entry.name.startswith(".") and entry.is_dir(follow_symlinks=False):
+            yield Path(entry.path)
+
+
+def local_items(root: Path) -> list[LocalItem]:
+    """Every whole copy and every complete streamed part under ``root``."""
+    items = []
+    for id_dir in _visible_dirs(root):
+        for version_dir in _visible_dirs(id_dir):
+            if (version_dir / MANIFEST_NAME).is_file():
+                size, atime = _tree_size(version_dir)
+                item = copy_item(id_dir.name, version_dir.name)
+                items.append(LocalItem(item, version_dir, size, atime, "copy", id_dir.name, version_dir.name))
+    for id_dir in _visible_dirs(root / PARTS_DIR):
+        for version_dir in _visible_dirs(id_dir):
+            for entry in sorted(os.scandir(version_dir), key=lambda e: e.name):
+                if entry.name.startswith(".") or not entry.is_file(follow_symlinks=False):
+                    continue
+                st = entry.stat(follow_symlinks=False)
+                item = part_item(id_dir.name, version_dir.name, entry.name)
+                items.append(
+                    LocalItem(item, Path(entry.path), st.st_size, st.st_atime, "part", id_dir.name, version_dir.name)
+                )
+    return items
+
+
+def in_flight_bytes(root: Path) -> int:
+    """Bytes reserved by downloads of parts under way (their temporary files' final sizes);
+    temporary files of dead downloaders are removed."""
+    total = 0
+    for id_dir in _visible_dirs(root / PARTS_DIR):
+        for version_dir in _visible_dirs(id_dir):
+            for entry in os.scandir(version_dir):
+                name = entry.name
+                if not (name.startswith(".") and TEMP_MARK in name):
+                    continue
+                part_name = name[1 : name.index(TEMP_MARK)]
+                fields = name[name.index(TEMP_MARK) + len(TEMP_MARK) :].split("-")
+                if fetch_lock_free(version_dir, part_name):
+                    Path(entry.path).unlink(missing_ok=True)  # its downloader died
+                    continue
+                if len(fields) != 3 or len(fields[2]) != 8 or not fields[1].isdigit():
+                    continue  # not a reservation (a client library's own temporary file)
+                total += int(fields[1])
+    return total
+
+
+def fetch_lock(directory: Path, part_name: str, timeout: Optional[float] = None) -> FileLock:
+    """The node-wide lock of downloading one part (one download per part per node)."""
+    return FileLock(directory / f".{part_name}.lock", timeout=timeout)
+
+
+def fetch_lock_free(directory: Path, part_name: str) -> bool:
+    """Whether nobody downloads ``part_name`` now (its lock is free)."""
+    lock = fetch_lock(directory, part_name, timeout=0)
+    try:
+        lock.acquire()
+    except LockTimeoutError:
+        return False
+    lock.release()
+    return True
+
+
+def budget_lock(root: Path) -> FileLock:
+    """The node-wide lock under which room is made and leases are taken."""
+    return FileLock(root / BUDGET_LOCK)
+
+
+# -- eviction ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Eviction:
+    """One removal the policy chose (or would choose, for ``--dry-run``)."""
+
+    item: LocalItem
+    reason: str
+
+
+def choose_evictions(
+    items: list[LocalItem],
+    leases: LiveLeases,
+    need: int,
+    limit: int,
+    *,
+    in_flight: int = 0,
+    copy_is_evictable: Callable[[LocalItem], bool] = lambda item: False,
+    sooner_than: float = 0,
+) -> tuple[list[Eviction], int]:
+    """Which items to remove so that ``need`` more bytes fit under ``limit``, and the usage
+    after removing them (it may still be over: nothing more may be removed).
+
+    Never an item a live lease holds; never a whole copy ``copy_is_evictable`` refuses (the
+    only copy); never a part needed sooner than position ``sooner_than`` of a reader's order.
+    Furthest next use first; among items no reader needs, least recently used first.
+    """
+    usage = sum(item.size for item in items) + in_flight
+    if usage + need <= limit:
+        return [], usage
+    candidates = []
+    for item in items:
+        if item.item in leases.held:
+            continue
+        rank = leases.rank(item.item)
+        if rank < sooner_than and rank != math.inf:
+            continue
+        if item.kind == "copy" and not copy_is_evictable(item):
+            continue
+        candidates.append((-rank, item.atime, item))
+    candidates.sort(key=lambda entry: (entry[0], entry[1]))
+    chosen = []
+    for negative_rank, _atime, item in candidates:
+        if usage + need <= limit:
+            break
+        reason = "not in any reader's order" if negative_rank == -math.inf else f"needed again at {int(-negative_rank)}"
+        chosen.append(Eviction(item, reason))
+        usage -= item.size
+    return chosen, usage
+
+
+def remove_item(root: Path, item: LocalItem, remove_copy: Callable[[LocalItem], bool]) -> bool:
+    """Removes one evicted item; False when it could not be (a copy whose lock is busy)."""
+    if item.kind == "part":
+        try:
+            os.unlink(item.path)
+        except FileNotFoundError:
+            pass
+        return True
+    return remove_copy(item)
+
+
+def make_room(
+    root: Path,
+    need: int,
+    limit: int,
+    *,
+    copy_is_evictable: Callable[[LocalItem], bool] = lambda item: False,
+    remove_copy: Callable[[LocalItem], bool] = lambda item: False,
+    sooner_than: float = 0,
+    before_release: Optional[Callable[[], None]] = None,
+) -> bool:
+    """Evicts (under the node's budget lock) until ``need`` more bytes fit under ``limit``;
+    False when they cannot fit now (what remains is in use, needed sooner, or the only copy).
+
+    ``before_release`` runs under the lock after room was made (to reserve it, e.g. by
+    creating a download's temporary file) so that no other process takes the same room.
+    """
+    with budget_lock(root):
+        items = local_items(root)
+        leases = live_leases(root)
+        chosen, usage = choose_evictions(
+            items,
+            leases,
+            need,
+            limit,
+            in_flight=in_flight_bytes(root),
+            copy_is_evictable=copy_is_evictable,
+            sooner_than=sooner_than,
+        )
+        for eviction in chosen:
+            if remove_item(root, eviction.item, remove_copy):
+                log.info("evicted %s (%d bytes): %s", eviction.item.item, eviction.item.size, eviction.reason)
+            else:
+                usage += eviction.item.size
+        if usage + need > limit:
+            return False
+        if before_release is not None:
+            before_release()
+        return True
+
+
+def create_reservation(directory: Path, part_name: str, size: int) -> Path:
+    """The temporary file a part downloads into; its name carries the bytes it reserves."""
+    path = directory / f".{part_name}{TEMP_MARK}{os.getpid()}-{size}-{uuid.uuid4().hex[:8]}"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, PUBLIC_FILE_MODE)
+    os.close(fd)
+    return path

@@ -1,0 +1,389 @@
+"""Streaming reads of a published cache: parts fetched on demand and ahead, into a node-local
+part cache shared by every process of the node.
+
+``stream_cache(store, manifest)`` returns a ``CacheReader`` that opens each part lazily through
+a ``StreamingParts`` provider. A part is downloaded once per node (under its ``flock`` fetch
+lock, ``store.budget.fetch_lock``), into a temporary file that reserves its bytes, checked
+against the manifest's size and content hash, and only then renamed to its name,
+``.parts/<id>/<version>/<build id>-part-NNNNN.mdb``: a download killed midway leaves a
+temporary file that no reader opens and that the next fetch removes. Parts are named by build,
+so a new build published meanwhile never mixes with the old one: parts of the old build already
+on the node stay readable; a part of the old build that is gone from the bucket gives
+``CacheReplacedError``.
+
+Readers announce their read order (``expect``); the provider fetches the parts ahead of the
+reader, in that order, in parallel, as far as the byte budget allows without evicting anything
+needed sooner. See docs/streaming.md.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+import uuid
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, Callable, Optional, Sequence
+
+from yogacache.backends.base import DEFAULT_TRANSFER_THREADS, ObjectStore
+from yogacache.errors import CacheReplacedError, ConfigError, CorruptCacheError, NoSpaceError
+from yogacache.format.durability import fsync_path
+from yogacache.format.integrity import file_identity, part_matches, write_stamp
+from yogacache.format.manifest import MANIFEST_NAME, MAX_MANIFEST_BYTES, Manifest, PartInfo
+from yogacache.read.reader import CacheReader
+from yogacache.safefs import make_directories
+from yogacache.sizes import format_size
+from yogacache.store import budget
+
+log = logging.getLogger(__name__)
+
+# How long a reader waits for room in the budget (other processes of the node hold the rest)
+# before it says why it cannot go on.
+ROOM_WAIT_SECONDS = 300.0
+_ROOM_POLL_SECONDS = 0.05
+# Parts fetched ahead of the reader at most (the budget may allow fewer).
+MAX_AHEAD = 16
+
+
+def minimum_budget(manifest: Manifest) -> int:
+    """The smallest budget a streamed read of ``manifest`` works in: the part being read and the
+    next one being fetched (the two largest parts)."""
+    sizes = sorted((part.size_bytes for part in manifest.parts), reverse=True)
+    return sum(sizes[:2])
+
+
+def check_budget(manifest: Manifest, limit: Optional[int]) -> None:
+    """ConfigError, saying the minimum, when ``limit`` cannot hold the parts in flight."""
+    if limit is None:
+        return
+    need = minimum_budget(manifest)
+    if limit < need:
+        raise ConfigError(
+            f"local_cache_limit {format_size(limit)} ({limit} bytes) is too small to stream "
+            f"{manifest.dataset_id}:{manifest.dataset_version}: the part being read and the next one "
+            f"need at least {format_size(need)} ({need} bytes); raise local_cache_limit to at least that"
+        )
+
+
+class StreamingParts:
+    """A ``PartProvider`` over the node-local part cache of one published build."""
+
+    def __init__(
+        self,
+        manifest: Manifest,
+        root: Path,
+        object_keys: Sequence[str],
+        object_urls: Sequence[str],
+        *,
+        objects: Optional[ObjectStore],
+        objects_factory: Optional[Callable[[], ObjectStore]],
+        manifest_key: str,
+        limit: Optional[int],
+        transfer_threads: int = DEFAULT_TRANSFER_THREADS,
+    ) -> None:
+        self.manifest = manifest
+        self.root = root
+        self.directory = root / budget.PARTS_DIR / manifest.dataset_id / manifest.dataset_version
+        self.file_names = [f"{manifest.build_id}-{part.name}" for part in manifest.parts]
+        self.object_keys = list(object_keys)
+        self.object_urls = list(object_urls)
+        self.limit = limit
+        self.transfer_threads = max(1, transfer_threads)
+        # A reader holds one part at a time under a budget, else every part it opened.
+        self.keep_open = 1 if limit is not None else len(manifest.parts)
+        self._objects = objects
+        self._objects_factory = objects_factory
+        self.manifest_key = manifest_key
+        self._key = uuid.uuid4().hex
+        self._init_process_state()
+
+    def _init_process_state(self) -> None:
+        self._pid = os.getpid()
+        self._lock = threading.Lock()
+        self._pool: Optional[ThreadPoolExecutor] = None
+        self._ahead: dict[int, Future[None]] = {}
+        self._order: list[int] = []
+        self._position = 0  # where in ``_order`` the reader is
+        self._held: dict[int, int] = {}
+
+    # -- pickling (a reader sent to a spawned DataLoader worker) ------------------------------
+    def __getstate__(self) -> dict[str, Any]:
+        state = {key: value for key, value in self.__dict__.items() if not key.startswith("_") or key in (
+            "_objects_factory", "_key", "_objects")}
+        if self._objects_factory is not None:
+            state["_objects"] = None  # clients do not cross processes: the factory makes one
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._init_process_state()
+
+    def _process(self) -> None:
+        if self._pid != os.getpid():  # forked: threads, pins and clients stay with the parent
+            objects = self._objects if self._objects_factory is None else None
+            self._init_process_state()
+            self._objects = objects
+
+    @property
+    def objects(self) -> ObjectStore:
+        if self._objects is None:
+            if self._objects_factory is None:
+                raise ConfigError("this streamed reader cannot reach its object store in this process")
+            self._objects = self._objects_factory()
+        return self._objects
+
+    def path(self, index: int) -> Path:
+        return self.directory / self.file_names[index]
+
+    def item(self, index: int) -> str:
+        manifest = self.manifest
+        return budget.part_item(manifest.dataset_id, manifest.dataset_version, self.file_names[index])
+
+    # -- PartProvider ----------------------------------------------------------------------
+    def acquire(self, index: int) -> Path:
+        """The verified local path of part ``index``, held from eviction until ``release``."""
+        self._process()
+        lease = budget.process_lease(self.root)
+        with budget.budget_lock(self.root):  # no eviction between the pin and the check
+            lease.hold(self.item(index))
+        with self._lock:
+            self._held[index] = self._held.get(index, 0) + 1
+            if index in self._order[self._position :]:
+                self._position = self._order.index(index, self._position)
+            ahead = self._ahead.get(index)
+        try:
+            if ahead is not None:
+                try:
+                    ahead.result()
+                except Exception:  # noqa: BLE001 - fetched again below, which reports the error
+                    pass
+            self._fetch(index, on_demand=True)
+        except BaseException:
+            self.release(index)
+            raise
+        self._announce()
+        self._fetch_ahead()
+        return self.path(index)
+
+    def release(self, index: int) -> None:
+        if self._pid != os.getpid():
+            return
+        with self._lock:
+            count = self._held.get(index, 0) - 1
+            if count < 0:
+                return
+            if count:
+                self._held[index] = count
+            else:
+                self._held.pop(index, None)
+        budget.process_lease(self.root).drop(self.item(index))
+
+    def expect(self, order: Sequence[int]) -> None:
+        self._process()
+        with self._lock:
+            self._order = [int(index) for index in order]
+            self._position = 0
+        self._announce()
+        self._fetch_ahead()
+
+    def close(self) -> None:
+        """Stops fetching ahead (queued fetches are dropped; running ones finish)."""
+        if self._pid != os.getpid():
+            return
+        with self._lock:
+            pool, self._pool = self._pool, None
+            self._order, self._ahead = [], {}
+        if pool is not None:
+            pool.shutdown(wait=False, cancel_futures=True)
+
+    # -- fetching --------------------------------------------------------------------------
+    def _announce(self) -> None:
+        with self._lock:
+            upcoming = self._order[self._position : self._position + budget.UPCOMING_LIMIT]
+        budget.process_lease(self.root).announce(self._key, [self.item(index) for index in upcoming])
+
+    def _ahead_count(self) -> int:
+        """Parts fetched ahead: enough to keep the transfer threads busy; under a budget no
+        more than a quarter of it, since the rest keeps what the next epoch starts with."""
+        if self.limit is None:
+            return MAX_AHEAD
+        largest = max(part.size_bytes for part in self.manifest.parts)
+        return max(1, min(MAX_AHEAD, self.transfer_threads, self.limit // max(1, largest) // 4))
+
+    def _fetch_ahead(self) -> None:
+        """Starts fetches of the next parts of the announced order (not yet on the node)."""
+        with self._lock:
+            window = self._order[self._position : self._position + 1 + self._ahead_count()]
+            if window and not os.path.exists(self.path(window[0])):
+                # The part the reader needs now has the link to itself: the next ones start
+                # when it is here (the first batch comes after one part's fetch, not several).
+                window = window[:1]
+            for distance, index in enumerate(window):
+                if index in self._ahead and not self._ahead[index].done():
+                    continue
+                if os.path.exists(self.path(index)):
+                    continue
+                if self._pool is None:
+                    self._pool = ThreadPoolExecutor(self.transfer_threads, thread_name_prefix="yogacache-stream")
+                self._ahead[index] = self._pool.submit(self._fetch_quietly, index, distance)
+            for index in [i for i, future in self._ahead.items() if future.done()]:
+                del self._ahead[index]
+
+    def _fetch_quietly(self, index: int, distance: int) -> None:
+        try:
+            self._fetch(index, on_demand=False, distance=distance)
+        except Exception as error:  # noqa: BLE001 - the reader's own fetch reports it
+            log.debug("fetching part %s ahead failed: %s", self.file_names[index], error)
+
+    def _fetch(self, index: int, *, on_demand: bool, distance: int = 0) -> None:
+        """Makes part ``index`` present and verified on the node (one download per node)."""
+        part = self.manifest.parts[index]
+        target = self.path(index)
+        if _present(target, part):
+            try:
+                os.utime(target)  # recently used
+            except OSError:
+                pass  # another user's part: its age only orders eviction
+            return
+        make_directories(self.directory)
+        with budget.fetch_lock(self.directory, self.file_names[index]):
+            if _present(target, part):
+                return
+            for stale in self.directory.glob(f".{self.file_names[index]}{budget.TEMP_MARK}*"):
+                stale.unlink(missing_ok=True)  # a download killed midway (we hold its lock)
+            temp = self._reserve(index, on_demand=on_demand, distance=distance)
+            if temp is None:
+                return  # no room to fetch ahead now; the reader fetches it when it gets there
+            try:
+                self._download(index, temp)
+                os.replace(temp, target)
+            except BaseException:
+                temp.unlink(missing_ok=True)
+                raise
+            fsync_path(self.directory)
+            try:
+                write_stamp(file_identity(target), part.hash_label)
+            except OSError:
+                pass
+
+    def _reserve(self, index: int, *, on_demand: bool, distance: int) -> Optional[Path]:
+        """The temporary file to download part ``index`` into, its bytes reserved in the budget;
+        None (fetching ahead) when there is no room without evicting what is needed sooner."""
+        part = self.manifest.parts[index]
+        name = self.file_names[index]
+        if self.limit is None:
+            return budget.create_reservation(self.directory, name, part.size_bytes)
+        reserved: list[Path] = []
+        deadline = time.monotonic() + ROOM_WAIT_SECONDS
+        while True:
+            fits = budget.make_room(
+                self.root,
+                part.size_bytes,
+                self.limit,
+                sooner_than=distance if not on_demand else 0,
+                before_release=lambda: reserved.append(
+                    budget.create_reservation(self.directory, name, part.size_bytes)
+                ),
+            )
+            if fits:
+                return reserved[0]
+            if not on_demand:
+                return None
+            if time.monotonic() > deadline:
+                raise NoSpaceError(
+                    f"local_cache_limit {format_size(self.limit)} has no room for part {name} "
+                    f"({format_size(part.size_bytes)}) of {self.manifest.dataset_id}:"
+                    f"{self.manifest.dataset_version} after {ROOM_WAIT_SECONDS:.0f} s: the rest is "
+                    f"held by live readers on this node or is the only copy of a cache; raise "
+                    f"local_cache_limit, or run fewer readers on this node"
+                )
+            time.sleep(_ROOM_POLL_SECONDS)
+
+    def _current_build(self) -> Optional[str]:
+        """The build id published now (None: nothing is)."""
+        found = self.objects.read(self.manifest_key, max_bytes=MAX_MANIFEST_BYTES)
+        if found is None:
+            return None
+        return Manifest.from_bytes(found[0], self.objects.url(self.manifest_key)).build_id
+
+    def _download(self, index: int, temp: Path) -> None:
+        part = self.manifest.parts[index]
+        url = self.object_urls[index]
+        try:
+            self.objects.download_file(self.object_keys[index], temp)
+        except FileNotFoundError:
+            current = self._current_build()
+            if current != self.manifest.build_id:
+                now = "is no longer published" if current is None else f"now holds build {current}"
+                raise CacheReplacedError(
+                    f"{url} is gone: {self.manifest.dataset_id}:{self.manifest.dataset_version} "
+                    f"{now}, and this reader streams build {self.manifest.build_id}; open the cache "
+                    "again to read the current build"
+                ) from None
+            raise CorruptCacheError(
+                f"{url} is missing although its manifest is published (deleted from the bucket?); "
+                "publish the cache again"
+            ) from None
+        size = temp.stat().st_size
+        if size != part.size_bytes or not part_matches(temp, part):
+            raise CorruptCacheError(f"{url} does not match its manifest's size and hash (altered or swapped); refused")
+        os.chmod(temp, 0o644)
+        fsync_path(temp)
+
+
+def _present(path: Path, part: PartInfo) -> bool:
+    """Whether a complete, verified copy of ``part`` is at ``path``."""
+    from yogacache.store.remote import _part_matches
+
+    return _part_matches(path, part)
+
+
+def remove_streamed_parts(root: Path, dataset_id: str, dataset_version: str) -> list[str]:
+    """Removes this node's streamed parts of one cache (``yogacache rm``); the paths removed.
+
+    Readers that hold a part open keep reading it (LMDB maps the file); the next part they need
+    is fetched again."""
+    directory = root / budget.PARTS_DIR / dataset_id / dataset_version
+    if not directory.is_dir() or directory.is_symlink():
+        return []
+    with budget.budget_lock(root):
+        for entry in os.scandir(directory):
+            if entry.is_file(follow_symlinks=False) and not entry.name.endswith(".lock"):
+                Path(entry.path).unlink(missing_ok=True)
+    for parent in (directory, directory.parent):
+        try:
+            parent.rmdir()  # only when empty (a fetch lock in use keeps it)
+        except OSError:
+            break
+    return [str(directory)]
+
+
+def stream_cache(
+    store: Any,
+    manifest: Manifest,
+    *,
+    limit: Optional[int],
+    objects_factory: Optional[Callable[[], ObjectStore]] = None,
+) -> CacheReader:
+    """A reader of the published build ``manifest`` of ``store`` (a ``RemoteCacheStore``)
+    whose parts stream into the node-local part cache."""
+    check_budget(manifest, limit)
+    dataset_id, dataset_version = manifest.dataset_id, manifest.dataset_version
+    keys = [store.part_key(manifest, part) for part in manifest.parts]
+
+    store.local.check_root(create=True)
+    provider = StreamingParts(
+        manifest,
+        store.local.root,
+        keys,
+        [store.objects.url(key) for key in keys],
+        objects=store.objects,
+        objects_factory=objects_factory,
+        manifest_key=store.key(dataset_id, dataset_version, MANIFEST_NAME),
+        limit=limit,
+        transfer_threads=store.transfer_threads,
+    )
+    make_directories(provider.directory)
+    return CacheReader(provider.directory, manifest, store.local.verify_mode, part_provider=provider)
