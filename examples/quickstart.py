@@ -9,11 +9,15 @@ from __future__ import annotations
 import argparse
 import os
 import time
+import warnings
 
 # Quiet TensorFlow before it is imported: no C++ info lines, no oneDNN banner, no Keras chatter.
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+# Where google-api-python-client is installed, TensorFlow imports it, and google.api_core warns
+# about this Python's support window on every import: not the demo's output.
+warnings.filterwarnings("ignore", category=FutureWarning, module=r"google\.api_core")
 
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402

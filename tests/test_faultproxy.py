@@ -22,9 +22,9 @@ from tests.faultproxy import FaultProxy
 class _SlowBookkeepingProxy(FaultProxy):
     """Takes its time to record: any response sent before the record is seen before it."""
 
-    def _record(self, method: str, target: str, action: str, status: Optional[int]) -> None:
+    def _record(self, method: str, target: str, action: str, status: Optional[int], size: int = 0) -> None:
         time.sleep(0.5)
-        super()._record(method, target, action, status)
+        super()._record(method, target, action, status, size)
 
 
 class _Upstream(http.server.BaseHTTPRequestHandler):
