@@ -35,7 +35,7 @@ from yogacache.arguments import skip_shuffle_flag
 from yogacache.format.spec import STRING, Spec, TensorSpec, flatten, spec_leaves, unflatten
 from yogacache.read.options import DEFAULT_SHUFFLE_MODE, ReadOptions
 from yogacache.read.parts_shuffle import PartLayout
-from yogacache.read.pipeline import ReaderSource, ReadSizes, plan_reads
+from yogacache.read.pipeline import ReaderSource, ReadSizes, plan_reads, warn_random_streaming
 from yogacache.read.reader import CacheReader
 from yogacache.read.schedule import ReadSchedule
 
@@ -266,6 +266,7 @@ class CacheIterableDataset(IterableDataset):  # type: ignore[type-arg]
         self.output = _check_output(output)
         self._leaves = spec_leaves(reader.spec)
         self._read_sizes = ReadSizes.for_manifest(reader.manifest)
+        warn_random_streaming(reader, self.schedule, self._read_sizes)
         self._epoch, self._position = self.schedule.start
         self._consumed = 0  # records handed out since the resume point, in the tracking process
         # True once this process counts what it hands out (it iterated the dataset itself, or a

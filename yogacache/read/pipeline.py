@@ -11,6 +11,7 @@ calls ``plan_reads`` from its workers; a JAX or Grain adapter would do one or th
 
 from __future__ import annotations
 
+import logging
 import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Optional, Protocol
@@ -20,10 +21,12 @@ import numpy as np
 from yogacache.format.manifest import Manifest
 from yogacache.format.spec import Spec
 from yogacache.read.options import ReadOptions
-from yogacache.read.parts_shuffle import PartLayout
+from yogacache.read.parts_shuffle import PartLayout, shuffle_budget_warning
 from yogacache.read.reader import CacheReader
 from yogacache.read.schedule import ReadSchedule
 from yogacache.read.shuffle import EpochPlan
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "EpochReads",
@@ -285,12 +288,33 @@ class EpochReads:
         return self._reader.read_columns(indices) if len(indices) else []
 
 
+_WARNED_RANDOM_STREAMS: set[tuple[str, str]] = set()
+
+
+def warn_random_streaming(reader: CacheReader, schedule: ReadSchedule, sizes: ReadSizes) -> None:
+    """Warns once per process and cache when a mode that reads every part at random (``shard``,
+    ``global``) streams a cache larger than the node's byte budget: it says the re-download
+    volume per epoch this implies, and that ``shuffle_mode="parts"`` avoids it."""
+    budget = reader.streaming_budget
+    mode = schedule.options.shuffle_mode if schedule.options.shuffle else "sequential"
+    key = (str(reader.directory), mode)
+    if budget is None or key in _WARNED_RANDOM_STREAMS:
+        return
+    layout = PartLayout.from_manifest(reader.manifest)
+    records = len(schedule) * max(1, schedule.options.ranks_per_node or 1)
+    warning = shuffle_budget_warning(mode, layout, budget, records, sizes.full) if schedule.options.shuffle else None
+    if warning is not None:
+        _WARNED_RANDOM_STREAMS.add(key)
+        log.warning("%s", warning)
+
+
 def read_stream(
     reader: CacheReader, options: ReadOptions, *, spec_converter: Optional[Callable[[Spec, str], Any]] = None
 ) -> Stream:
     """The stream of ``reader``'s records that ``options`` define: each iteration the next epoch."""
     schedule = ReadSchedule(len(reader), options, PartLayout.from_manifest(reader.manifest))
     sizes = ReadSizes.for_manifest(reader.manifest)
+    warn_random_streaming(reader, schedule, sizes)
     # One epoch counter and one set of reads, whichever way the stream is iterated.
     reads = EpochReads(reader, schedule, sizes)
 

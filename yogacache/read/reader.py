@@ -512,6 +512,12 @@ class CacheReader:
         return self._read(indices, self.codec.decode_columns)
 
     # -- lazily opened parts (streamed caches) -----------------------------------------------------
+    @property
+    def streaming_budget(self) -> Optional[int]:
+        """The node's byte budget for this streamed cache's parts; None for local files or no budget."""
+        limit = getattr(self._provider, "limit", None) if self._provider is not None else None
+        return limit if isinstance(limit, int) else None
+
     def expect_plan(
         self, plan: Any, following: Optional[Callable[[], Any]] = None, *, window: int = 1 << 20
     ) -> None:
