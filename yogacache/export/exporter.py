@@ -15,7 +15,7 @@ from typing import Any, Iterator, Mapping, Optional, Sequence, Union
 
 import numpy as np
 
-from yogacache import progress
+from yogacache import progress, sizes
 from yogacache.errors import ConfigError
 from yogacache.export.destinations import Destination, open_destination
 from yogacache.export.errors import DestinationNotEmptyError, ExportError
@@ -28,34 +28,14 @@ FORMATS = ("webdataset",)
 INDEX_NAME = "shardindex.json"  # the name `widsindex create` gives an index
 DEFAULT_SHARD_SIZE = 512 << 20
 WIDS_KIND = "wids-shard-index-v1"
-_SIZE = re.compile(r"\s*(\d+(?:\.\d*)?)\s*([KMGT]i?)?B?\s*", re.IGNORECASE)
-_UNITS = {
-    "": 1,
-    "k": 10**3,
-    "m": 10**6,
-    "g": 10**9,
-    "t": 10**12,
-    "ki": 1 << 10,
-    "mi": 1 << 20,
-    "gi": 1 << 30,
-    "ti": 1 << 40,
-}
 
 
 def parse_size(text: Union[str, int]) -> int:
-    """``"512M"`` (10**6), ``"64Ki"`` (2**10), ``"1.5GiB"``, ``"1000"``: a positive number of bytes."""
-    if isinstance(text, int) and not isinstance(text, bool):
-        value = text
-    else:
-        match = _SIZE.fullmatch(str(text))
-        if match is None:
-            raise ConfigError(
-                f"size {text!r} is not understood: use bytes or a number with K, M, G, T (powers of 1000) "
-                "or Ki, Mi, Gi, Ti (powers of 1024), e.g. 512M or 1Gi"
-            )
-        value = int(float(match.group(1)) * _UNITS[(match.group(2) or "").lower()])
+    """A positive shard size: bytes, or a number with K, M, G, T (powers of 1000) or Ki, Mi, Gi, Ti
+    (powers of 1024), as ``yogacache.sizes.parse_size`` reads every size."""
+    value = sizes.parse_size(text, "the shard size")
     if value <= 0:
-        raise ConfigError(f"size {text!r} must be positive")
+        raise ConfigError(f"the shard size must be positive, got {text!r}")
     return value
 
 
