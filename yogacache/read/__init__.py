@@ -3,6 +3,6 @@
 Pure computation over local files: no network I/O, no framework.
 """
 
-# The shuffle-mode registry first: it imports the modes defined in their own modules
-# (``parts_shuffle``), which subclass its base class.
-from yogacache.read import shuffle as _shuffle  # noqa: F401,E402
+# Shuffle modes defined outside ``shuffle`` register themselves there when imported: importing
+# any module of this package registers them all.
+from yogacache.read import parts_shuffle as _parts_shuffle  # noqa: F401,E402

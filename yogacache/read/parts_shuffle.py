@@ -50,7 +50,7 @@ import numpy as np
 
 from yogacache.arguments import as_int
 from yogacache.read.permutation import KeyedPermutation
-from yogacache.read.shuffle import EpochPlan, Point, ShuffleMode
+from yogacache.read.shuffle import SHUFFLE_MODES, EpochPlan, Point, ShuffleMode, StridedPlan
 
 if TYPE_CHECKING:
     from yogacache.format.manifest import Manifest
@@ -304,7 +304,8 @@ class _Run:
             if len(self._permutations) >= _CACHED_PERMUTATIONS:
                 self._permutations.clear()
             epoch = self.epoch
-            assert epoch.seed is not None  # only shuffled runs permute
+            if epoch.seed is None:
+                raise ValueError("an unshuffled parts plan has no permutation: it needs shuffle_seed")
             if kind == "stage":
                 seed = _derived_seed(epoch.seed, "stage", self.begin, self.end, number)
                 keyed = KeyedPermutation(size, seed, epoch.key_epoch)
@@ -425,7 +426,7 @@ class _Residual:
 
 
 @dataclass(frozen=True)
-class PartsPlan:
+class PartsPlan(StridedPlan):
     """Plan positions ``j`` are positions ``first + j·step`` of a line made of run pieces
     ``(run, first unread position)``, laid end to end from ``piece_starts``."""
 
@@ -436,18 +437,7 @@ class PartsPlan:
     pieces: tuple[tuple[_Run, int], ...]
     piece_starts: np.ndarray
 
-    def __len__(self) -> int:
-        return self.length
-
-    def indices(self, start: int, stop: int) -> np.ndarray:
-        start, stop = max(0, start), min(stop, self.length)
-        return self.take(np.arange(start, max(start, stop), dtype=np.int64))
-
-    def take(self, positions: np.ndarray) -> np.ndarray:
-        positions = np.asarray(positions, dtype=np.int64)
-        if positions.size and (positions.min() < 0 or positions.max() >= self.length):
-            raise IndexError(f"plan positions must lie in [0, {self.length})")
-        line = self.first + self.step * positions
+    def _records(self, line: np.ndarray) -> np.ndarray:
         if len(self.pieces) == 1:
             run, offset = self.pieces[0]
             return run.records(offset + line)
@@ -603,7 +593,8 @@ class PartsMode(ShuffleMode):
 
     def parts_needed(self, epoch: int, position: int = 0) -> list[PartUse]:
         plan = self.plan(epoch, position)
-        assert isinstance(plan, PartsPlan)
+        if not isinstance(plan, PartsPlan):
+            raise TypeError(f"the parts mode planned a {type(plan).__name__}, not a PartsPlan")
         return plan.parts_needed()
 
     def state_fields(self, epoch: int, position: int) -> dict[str, Any]:
@@ -741,3 +732,6 @@ def shuffle_budget_warning(
         "shuffle_mode='parts' (each node fetches about its share of the parts per epoch) or a "
         f"budget of at least {_size(cost.cache_bytes)}"
     )
+
+
+SHUFFLE_MODES[PartsMode.name] = PartsMode

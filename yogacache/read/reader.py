@@ -565,7 +565,8 @@ class CacheReader:
     def _lazy_environment(self, index: int) -> _PartEnvironment:
         """This process's environment of part ``index``, acquired from the provider on first use;
         the least recently used beyond ``keep_open`` are closed and released."""
-        assert self._provider is not None
+        if self._provider is None:
+            raise ValueError(f"the reader of {self.directory} opens its parts eagerly: it has no part provider")
         entry = self._lazy.pop(index, None)
         if entry is None:
             part = self.manifest.parts[index]

@@ -54,10 +54,10 @@ __all__ = [
     "EpochPlan",
     "GlobalMode",
     "GlobalPlan",
-    "PartsMode",
     "SHUFFLE_MODES",
     "ShardMode",
     "ShuffleMode",
+    "StridedPlan",
     "shuffle_mode",
 ]
 
@@ -101,15 +101,13 @@ class ArrayPlan:
         return self.order[positions]
 
 
-@dataclass(frozen=True)
-class GlobalPlan:
-    """Plan positions ``j`` are global positions ``first + j·step`` of a (permuted) epoch."""
+class StridedPlan:
+    """A plan whose positions ``j`` are line positions ``first + j·step``; ``_records`` says
+    which records a line's positions hold."""
 
-    epoch: int
     first: int
     step: int
     length: int
-    permutation: Optional[KeyedPermutation]  # None: dataset order
 
     def __len__(self) -> int:
         return self.length
@@ -122,8 +120,24 @@ class GlobalPlan:
         positions = np.asarray(positions, dtype=np.int64)
         if positions.size and (positions.min() < 0 or positions.max() >= self.length):
             raise IndexError(f"plan positions must lie in [0, {self.length})")
-        global_positions = self.first + self.step * positions
-        return global_positions if self.permutation is None else self.permutation.map(global_positions)
+        return self._records(self.first + self.step * positions)
+
+    def _records(self, line: np.ndarray) -> np.ndarray:
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class GlobalPlan(StridedPlan):
+    """Plan positions ``j`` are global positions ``first + j·step`` of a (permuted) epoch."""
+
+    epoch: int
+    first: int
+    step: int
+    length: int
+    permutation: Optional[KeyedPermutation]  # None: dataset order
+
+    def _records(self, line: np.ndarray) -> np.ndarray:
+        return line if self.permutation is None else self.permutation.map(line)
 
 
 # -- modes --------------------------------------------------------------------------------------
@@ -175,6 +189,8 @@ class ShuffleMode(abc.ABC):
         """
         if self.layout is None:
             raise ValueError("parts_needed needs the cache's part layout: build the mode with_layout")
+        from yogacache.read.parts_shuffle import parts_read_in_order
+
         return parts_read_in_order(self.plan(epoch, position), self.layout)
 
     @classmethod
@@ -314,15 +330,21 @@ class GlobalMode(ShuffleMode):
         return state.epoch, state.consumed
 
 
-# The parts mode subclasses ShuffleMode in its own module: imported once the base is defined.
-from yogacache.read.parts_shuffle import PartsMode, parts_read_in_order  # noqa: E402
-
-#: Every shuffle mode, by the name users pass as ``shuffle_mode``.
+#: Every shuffle mode, by the name users pass as ``shuffle_mode``. Modes defined in their own
+#: modules add themselves when imported (``parts_shuffle``; ``yogacache.read`` imports it first).
 SHUFFLE_MODES: dict[str, type[ShuffleMode]] = {
     ShardMode.name: ShardMode,
     GlobalMode.name: GlobalMode,
-    PartsMode.name: PartsMode,
 }
+
+
+def __getattr__(name: str) -> Any:
+    """``PartsMode`` lives in ``parts_shuffle`` (which imports this module): resolved on use."""
+    if name == "PartsMode":
+        from yogacache.read.parts_shuffle import PartsMode
+
+        return PartsMode
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def shuffle_mode(name: object, what: str = "shuffle_mode") -> type[ShuffleMode]:
