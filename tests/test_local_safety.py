@@ -222,7 +222,7 @@ def test_writing_a_file_durably_never_follows_a_planted_link(tmp_path: Path) -> 
 def test_a_stamp_never_writes_through_a_planted_link(tmp_path: Path) -> None:
     part = tmp_path / "part"
     part.write_bytes(b"x" * 100)
-    identity, digest = file_identity(part), integrity.sha256_file(part)
+    identity, digest = file_identity(part), integrity.hash_file(part, "sha256")
     stamps = integrity.state_dir()
     assert stamps is not None
     write_stamp(identity, "0" * 64)  # creates the directory
@@ -247,7 +247,7 @@ def test_a_stamp_directory_that_is_a_link_is_not_used(tmp_path: Path, monkeypatc
     monkeypatch.setenv("YOGACACHE_STATE_DIR", str(state))
     part = tmp_path / "part"
     part.write_bytes(b"y" * 10)
-    write_stamp(file_identity(part), integrity.sha256_file(part))
+    write_stamp(file_identity(part), integrity.hash_file(part, "sha256"))
     assert list(elsewhere.iterdir()) == []
 
 

@@ -285,7 +285,7 @@ def test_a_stamp_names_one_file_identity_and_one_hash(tmp_path: Path) -> None:
     copy = tmp_path / "b"
     shutil.copy2(original, copy)  # same bytes, size and mtime; another inode
     identity = file_identity(original)
-    digest = integrity.sha256_file(original)
+    digest = integrity.hash_file(original, "sha256")
     assert not has_stamp(identity, digest)
     write_stamp(identity, digest)
     assert has_stamp(identity, digest)

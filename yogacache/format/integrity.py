@@ -188,11 +188,6 @@ def part_matches(path: Path, part: PartInfo) -> bool:
     return hash_file(path, part.hash_name) == part.digest
 
 
-def sha256_file(path: Path, chunk_size: int = 8 << 20) -> str:
-    """The hex SHA-256 of a file's bytes."""
-    return hash_file(path, "sha256", chunk_size)
-
-
 def hash_file(path: Path, algorithm: str = BUILD_HASH, chunk_size: int = 8 << 20) -> str:
     """The hex digest of a file's bytes with ``algorithm`` (one of ``PART_HASHES``)."""
     digest = _new_digest(algorithm)
