@@ -187,3 +187,39 @@ def test_whole_copies_stay_under_the_budget_never_evicting_the_only_copy_or_one_
     assert (root / "only" / "v1" / "manifest.json").is_file()
     assert json.loads((root / "only" / "v1" / "manifest.json").read_text())["build_id"] == only.build_id
     assert sum(item.size for item in budget.local_items(root)) <= limit
+
+
+def test_a_download_finishing_between_the_scans_is_never_counted_as_free_room(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """make_room scans the parts and the reservations of downloads under way; a download that
+    renames its temporary file to the part between the two scans (it holds no budget lock) must
+    still count, or a second download takes the same room and the node goes over its budget."""
+    root = tmp_path / "cache"
+    directory = root / budget.PARTS_DIR / "ds" / "v1"
+    directory.mkdir(parents=True)
+    lock = budget.fetch_lock(directory, "part-0.mdb")
+    lock.acquire()  # the downloader is alive
+    temp = budget.create_reservation(directory, "part-0.mdb", 600)
+    temp.write_bytes(b"x" * 600)
+    finished = []
+    scans = {"in_flight_bytes": budget.in_flight_bytes, "local_items": budget.local_items}
+
+    def scanning_then_finishing(name: str) -> Any:
+        def scan(scan_root: Path) -> Any:
+            found = scans[name](scan_root)
+            if not finished:  # the download ends right after the first scan, whichever it is
+                temp.rename(directory / "part-0.mdb")
+                finished.append(name)
+            return found
+
+        return scan
+
+    for name in scans:
+        monkeypatch.setattr(budget, name, scanning_then_finishing(name))
+    try:
+        # 600 on disk + 600 more > 1000 (the finished part, unheld, may be evicted: 600 remain)
+        assert budget.make_room(root, 600, 1000) is False
+        assert finished
+    finally:
+        lock.release()

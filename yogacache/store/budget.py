@@ -383,6 +383,10 @@ def make_room(
     creating a download's temporary file) so that no other process takes the same room.
     """
     with budget_lock(root):
+        # Reservations first, parts second: a download that finishes between the two scans
+        # (renaming its temporary file to the part, outside this lock) is then counted twice,
+        # never zero times.
+        in_flight = in_flight_bytes(root)
         items = local_items(root)
         leases = live_leases(root)
         chosen, usage = choose_evictions(
@@ -390,7 +394,7 @@ def make_room(
             leases,
             need,
             limit,
-            in_flight=in_flight_bytes(root),
+            in_flight=in_flight,
             copy_is_evictable=copy_is_evictable,
             sooner_than=sooner_than,
         )
