@@ -85,6 +85,9 @@ class FixedLayout:
             self.fields.append((offset, size, dtype, shape))
             offset += size
         self.record_size = offset
+        # Small records decode from one table of whole records (``decode_table``: a reader
+        # may gather that table straight from a part's map); large ones row by row, one copy.
+        self.by_table = self.record_size < _ROW_COPY_BYTES
         self._local = threading.local()
         # The header runs every record repeats, checked on decode, with their bytes.
         self.header_slices = [slice(start, start + len(data)) for start, data in headers if data]
@@ -158,7 +161,7 @@ class FixedLayout:
         return [view[i : i + step] for i in range(0, len(view), step)]
 
     def decode(self, values: Sequence[Any]) -> list[np.ndarray[Any, Any]]:
-        if self.record_size >= _ROW_COPY_BYTES:
+        if not self.by_table:
             return self._decode_rows(values)
         count, size = len(values), self.record_size
         # Gather the records into a per-thread staging table that is reused from batch to
@@ -174,7 +177,12 @@ class FixedLayout:
             raise CorruptCacheError(
                 f"a record is not {size} bytes long, as the manifest's element spec says"
             ) from None
-        table = staging[: count * size].reshape(count, size)
+        return self.decode_table(staging[: count * size].reshape(count, size))
+
+    def decode_table(self, table: np.ndarray[Any, Any]) -> list[np.ndarray[Any, Any]]:
+        """The columns of a table of whole records (``count x record_size`` bytes), every header
+        byte checked."""
+        count = len(table)
         for part, value in zip(self.header_slices, self.header_values):
             if not np.array_equal(table[:, part], np.broadcast_to(value, (count, len(value)))):
                 raise CorruptCacheError("a record does not match the manifest's element spec")

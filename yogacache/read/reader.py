@@ -35,7 +35,9 @@ import numpy as np
 from yogacache.errors import CacheNotFoundError, CacheReplacedError, CorruptCacheError
 from yogacache.format.codec import RecordCodec
 from yogacache.format.integrity import VERIFY_MODES, Verify, verify_parts
+from yogacache.format.layout import FixedLayout
 from yogacache.format.manifest import Manifest, PartInfo
+from yogacache.format.pages import RecordOffsets, map_file, record_offsets
 from yogacache.format.spec import unflatten
 
 log = logging.getLogger(__name__)
@@ -86,13 +88,52 @@ def _physical_memory() -> int:
 
 
 class _PartEnvironment:
-    """One part's read-only LMDB environment, and the process that opened it."""
+    """One part's read-only LMDB environment, and the process that opened it.
 
-    __slots__ = ("env", "pid", "__weakref__")
+    Also the part file mapped read-only (``data``) and, once built, where each record lies in it
+    (``format.pages``): reads of small fixed-layout records gather their rows from the map with
+    numpy instead of one LMDB ``get`` each. The table is built in a background thread on first
+    request (a few ms per 100,000 records, which the first read should not wait for); until it
+    is there, or if the part is not laid out as expected, reads go through LMDB.
+    """
 
-    def __init__(self, env: Any, pid: int) -> None:
+    __slots__ = ("env", "pid", "data", "_offsets", "_building", "_lock", "__weakref__")
+
+    def __init__(self, env: Any, pid: int, data: Optional[np.ndarray] = None) -> None:
         self.env = env
         self.pid = pid
+        self.data = data
+        self._offsets: Optional[RecordOffsets] = None
+        self._building: Optional[threading.Thread] = None
+        self._lock = threading.Lock()
+
+    def offsets(self, record_size: int, entries: int, *, wait: bool = False) -> Optional[RecordOffsets]:
+        """The part's record offsets if built (``wait``: build them now if need be); None
+        until then, and for good if the part cannot be read that way."""
+        found = self._offsets
+        if found is not None and found.record_size == record_size:
+            return found
+        if self.data is None:
+            return None
+        with self._lock:
+            thread = self._building
+            if thread is None:
+                thread = threading.Thread(
+                    target=self._build, args=(record_size, entries), name="yogacache-offsets", daemon=True
+                )
+                self._building = thread
+                thread.start()
+        if wait:
+            thread.join()
+            return self._offsets
+        return None
+
+    def _build(self, record_size: int, entries: int) -> None:
+        data = self.data
+        found = record_offsets(data, record_size, entries) if data is not None else None
+        if found is None:
+            self.data = None  # not laid out as expected: LMDB reads it, the map is released
+        self._offsets = found
 
 
 # LMDB refuses to open one file twice in a process, and an environment must never cross
@@ -234,11 +275,20 @@ def _environment(key: tuple[int, int], descriptor: Callable[[], int], readahead:
                 if os.strerror(errno.EMFILE) in str(error) or os.strerror(errno.ENFILE) in str(error):
                     raise OSError(errno.EMFILE, str(error)) from error
                 raise CorruptCacheError(f"cache part {shown} cannot be opened by LMDB: {error}") from error
+            data = map_file(fd, random_access=not readahead)
         finally:
             os.close(fd)
-        entry = _PartEnvironment(env, pid)
+        entry = _PartEnvironment(env, pid, data)
         _environments[key] = entry
         return entry
+
+
+def _take_rows(table: RecordOffsets, rows: np.ndarray, size: int) -> Optional[np.ndarray]:
+    """Whole records ``rows`` (numbered from the part's first key) of one part, gathered from
+    its map; None if a row is not in the part (the caller reads through LMDB, which reports it)."""
+    if rows.min() < 0 or rows.max() >= len(table.offsets):
+        return None
+    return table.windows(size)[table.offsets[rows]]
 
 
 def _only(manifest: Manifest, part: PartInfo) -> Manifest:
@@ -509,7 +559,46 @@ class CacheReader:
 
     def read_columns(self, indices: Sequence[int] | np.ndarray) -> list[np.ndarray]:
         """One stacked array per leaf for the records at ``indices`` (fixed-shape specs only)."""
+        layout = self.codec.layout
+        if layout is not None and layout.by_table:
+            table = self._gather(indices, layout)
+            if table is not None:
+                return layout.decode_table(table)
         return self._read(indices, self.codec.decode_columns)
+
+    def _gather(
+        self, indices: Sequence[int] | np.ndarray, layout: FixedLayout, *, wait: bool = False
+    ) -> Optional[np.ndarray]:
+        """The records at ``indices`` as one table of whole records, gathered from the parts'
+        maps (``_PartEnvironment.offsets``); None where that path does not apply (yet): then
+        ``_read`` reads them through LMDB. ``wait``: build the parts' offsets first."""
+        if self._provider is not None or self._closed:
+            return None
+        indices = np.asarray(indices, dtype=np.int64)
+        if not len(indices) or indices.min() < 0 or indices.max() >= self.manifest.num_records:
+            return None  # nothing to gather, or _read reports the bad index
+        self._environments()  # reopens after fork()
+        tables = []
+        for entry, part in zip(self._held, self.manifest.parts):
+            found = entry.offsets(layout.record_size, part.num_records, wait=wait)
+            if found is None:
+                return None
+            tables.append(found)
+        shifts = self._key_shifts
+        size = layout.record_size
+        if len(tables) == 1:
+            rows = indices - (shifts[0] if shifts is not None else 0) - tables[0].first_key
+            return _take_rows(tables[0], rows, size)
+        out = np.empty((len(indices), size), dtype=np.uint8)
+        owner = np.searchsorted(self._starts, indices, side="right") - 1
+        for part_index in np.unique(owner).tolist():
+            positions = np.nonzero(owner == part_index)[0]
+            keys = indices[positions] - (shifts[part_index] if shifts is not None else 0)
+            taken = _take_rows(tables[part_index], keys - tables[part_index].first_key, size)
+            if taken is None:
+                return None
+            out[positions] = taken
+        return out
 
     # -- lazily opened parts (streamed caches) -----------------------------------------------------
     @property
