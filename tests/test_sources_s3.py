@@ -250,3 +250,37 @@ def test_an_unreachable_endpoint_is_a_clear_error_without_secrets(s3_server: S3S
     with pytest.raises(SourceError, match=r"x\.tar: cannot connect to the S3 endpoint http://127\.0\.0\.1") as caught:
         source.objects()
     assert s3_server.secret_key not in str(caught.value) and s3_server.access_key not in str(caught.value)
+
+
+@pytest.mark.parametrize("policy", ["error", "rebuild"])
+def test_a_stale_published_cache_is_checked_before_a_node_downloads_it(
+    tmp_path: Path, s3_server: S3Server, bucket: str, policy: str
+) -> None:
+    """Node A publishes a cache of a source; the source changes; node B (nothing local) never
+    downloads the stale cache: it raises before fetching a part, or fetches only the rebuild."""
+    from yogacache.dataref import cached_dataref
+
+    put(s3_server, bucket, "s/a.tar", tar_bytes({"k.txt": b"old"}))
+    url = f"s3://{bucket}/s/a.tar"
+
+    def node(name: str) -> Any:
+        return open_store(f"s3://{bucket}/caches", endpoint_url=s3_server.endpoint_url,
+                          local_cache=str(tmp_path / name), show_progress=False)
+
+    def source() -> Any:
+        return from_url(url, on_source_change=policy, endpoint_url=s3_server.endpoint_url)
+
+    first = cached_dataref(node("a"), "src", "v1", source)
+    assert [bytes(r["txt"]) for r in read_back(first)] == [b"old"]
+    put(s3_server, bucket, "s/a.tar", tar_bytes({"k.txt": b"new!"}))
+    store_b = node("b")
+    if policy == "error":
+        with pytest.raises(SourceChangedError, match="changed since it was built"):
+            cached_dataref(store_b, "src", "v1", source)
+        assert store_b.local_manifest("src", "v1") is None  # nothing of the stale cache fetched
+        assert not [p for p in (tmp_path / "b").rglob("*.mdb")]
+        return
+    ref = cached_dataref(store_b, "src", "v1", source)
+    assert [bytes(r["txt"]) for r in read_back(ref)] == [b"new!"]
+    assert ref.manifest.build_id != first.manifest.build_id
+    assert not [p for p in (tmp_path / "b").rglob("*.mdb") if first.manifest.build_id in p.name]

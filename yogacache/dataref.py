@@ -27,7 +27,7 @@ from yogacache.format.yogadl_legacy import LEGACY_CACHE_NAME
 from yogacache.read.options import DEFAULT_SHUFFLE_MODE, ReadOptions
 from yogacache.read.pipeline import Stream, read_stream
 from yogacache.read.reader import CacheReader
-from yogacache.sources.freshness import ensure_fresh
+from yogacache.sources.freshness import check_before_sync, ensure_fresh
 from yogacache.store import yogadl as yogadl_caches
 from yogacache.store.base import Store
 
@@ -215,20 +215,16 @@ def cached_dataref(
     kwargs = dict(kwargs or {})
     fingerprint = arguments_fingerprint(make_dataset, args, kwargs)
     extra = {ARGUMENTS_EXTRA_KEY: {"fingerprint": fingerprint}}
-    reader = yogadl_caches.get_or_build(
-        store,
-        dataset_id,
-        dataset_version,
-        lambda: AnnotatedSource(source_for(make_dataset(*args, **kwargs)), extra),
-    )
-    # A cache built from pinned objects (yogacache.sources) is checked against them on a hit.
-    reader = ensure_fresh(
-        store,
-        dataset_id,
-        dataset_version,
-        reader,
-        lambda: AnnotatedSource(source_for(make_dataset(*args, **kwargs)), extra),
-    )
+
+    def make_data() -> AnnotatedSource:
+        return AnnotatedSource(source_for(make_dataset(*args, **kwargs)), extra)
+
+    # A cache built from pinned objects (yogacache.sources) is checked against them on a hit:
+    # the published one before a node downloads it, then the one opened if it is another.
+    checked = check_before_sync(store, dataset_id, dataset_version, make_data)
+    reader = yogadl_caches.get_or_build(store, dataset_id, dataset_version, make_data)
+    if reader.manifest.build_id != checked:
+        reader = ensure_fresh(store, dataset_id, dataset_version, reader, make_data)
     recorded = reader.manifest.extra.get(ARGUMENTS_EXTRA_KEY)
     recorded = recorded.get("fingerprint") if isinstance(recorded, dict) else None
     if recorded is not None and recorded != fingerprint:

@@ -17,6 +17,7 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
+from yogacache.errors import CacheNotFoundError
 from yogacache.format.manifest import Manifest
 from yogacache.read.reader import CacheReader
 from yogacache.sources.errors import SourceChangedError
@@ -112,31 +113,67 @@ def ensure_fresh(
     what ``on_source_change`` (default: the one the cache was built with) says: raise
     SourceChangedError, rebuild from ``make_data()`` and return a reader of the new cache, or
     warn (or say nothing) and return ``reader``."""
-    pins = pins_of(reader.manifest)
-    if pins is None:
+    checked = checked_manifest(store, dataset_id, dataset_version, reader.manifest, make_data, on_source_change)
+    if checked.build_id == reader.manifest.build_id:
         return reader
+    reader.close()
+    return store.open(dataset_id, dataset_version)
+
+
+def check_before_sync(
+    store: Store,
+    dataset_id: str,
+    dataset_version: str,
+    make_data: Callable[[], Any],
+    on_source_change: Optional[str] = None,
+) -> Optional[str]:
+    """For a store with a remote: the source check of the *published* cache, before a hit
+    downloads it (a stale cache is then never fetched only to be rebuilt or refused). Returns
+    the build id that passed the check (or was rebuilt), so that the hit does not check it
+    again; None if nothing is published (or the store has no remote)."""
+    if getattr(store, "remote_url", None) is None:
+        return None
+    try:
+        published = store.manifest(dataset_id, dataset_version)
+    except CacheNotFoundError:
+        return None
+    return checked_manifest(store, dataset_id, dataset_version, published, make_data, on_source_change).build_id
+
+
+def checked_manifest(
+    store: Store,
+    dataset_id: str,
+    dataset_version: str,
+    manifest: Manifest,
+    make_data: Callable[[], Any],
+    on_source_change: Optional[str] = None,
+) -> Manifest:
+    """``manifest`` if its cache is not built from pinned objects, they are unchanged, or the
+    policy keeps it (``warn``, ``ignore``); raises SourceChangedError (``error``); else the
+    manifest of the cache rebuilt from ``make_data()`` (``rebuild``)."""
+    pins = pins_of(manifest)
+    if pins is None:
+        return manifest
     policy = check_policy(on_source_change or str(pins.get("on_source_change", "error")))
     if policy == "ignore":
-        return reader
+        return manifest
     check = check_pins(pins)
     log.debug("source check of %s:%s: %d objects, %d requests", dataset_id, dataset_version,
               check.objects, check.requests)
     if not check.changed:
-        return reader
+        return manifest
     message = describe_changes(dataset_id, dataset_version, check)
     if policy == "error":
         raise SourceChangedError(message)
     if policy == "warn":
-        warnings.warn(message, UserWarning, stacklevel=3)
+        warnings.warn(message, UserWarning, stacklevel=4)
         log.warning("%s", message)
-        return reader
+        return manifest
     log.warning("rebuilding %s:%s: its source objects changed (%s)", dataset_id, dataset_version,
                 "; ".join(check.changes[:SHOWN_CHANGES]))
-    reader.close()
     current = store.manifest(dataset_id, dataset_version)
-    if current.build_id != reader.manifest.build_id:  # another process rebuilt it meanwhile
+    if current.build_id != manifest.build_id:  # another process rebuilt it meanwhile
         pins = pins_of(current)
         if pins is not None and not check_pins(pins).changed:
-            return store.open(dataset_id, dataset_version)
-    store.build(dataset_id, dataset_version, make_data())
-    return store.open(dataset_id, dataset_version)
+            return current
+    return store.build(dataset_id, dataset_version, make_data())
