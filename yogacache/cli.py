@@ -601,8 +601,12 @@ def cmd_import(store: Store, args: argparse.Namespace) -> int:
     from yogacache.sources.importer import import_source
 
     target = args.storage or os.environ.get(STORAGE_ENV) or None
-    # The import draws its own progress line (objects, bytes, records): the build's stays off.
-    quiet_store = open_store(target, endpoint_url=args.endpoint_url, local_cache=args.local_cache, show_progress=False)
+    workers = args.workers or 1
+    # The import draws its own progress line (objects, bytes, records): the build's stays off,
+    # except with workers, which report through it.
+    quiet_store = open_store(
+        target, endpoint_url=args.endpoint_url, local_cache=args.local_cache, show_progress=workers > 1
+    )
     source = from_url(
         args.sources,
         format=args.format,
@@ -614,7 +618,14 @@ def cmd_import(store: Store, args: argparse.Namespace) -> int:
         max_bytes=args.max_bytes,
         endpoint_url=args.source_endpoint_url or args.endpoint_url,
     )
-    result = import_source(quiet_store, args.dataset_id, source, args.cache_version)
+    parallel = None
+    if workers > 1:
+        from yogacache.parallel import sharded
+
+        def parallel(whole: Any) -> Any:
+            return sharded(whole, workers)
+
+    result = import_source(quiet_store, args.dataset_id, source, args.cache_version, parallel=parallel)
     manifest = result.manifest
     where = quiet_store.location(manifest.dataset_id, manifest.dataset_version)
     if result.outcome == "stale":
@@ -654,6 +665,12 @@ def _add_import_command(command: Callable[..., argparse.ArgumentParser]) -> None
                       help="when the cache exists and its sources changed (default: error)")
     made.add_argument("--max-bytes", type=int, help="the most bytes the sources may expand to")
     made.add_argument("--source-endpoint-url", help="S3 endpoint of the sources (default: --endpoint-url)")
+    made.add_argument(
+        "--workers",
+        type=positive_int,
+        help="read and cache with this many processes, one archive (or run of files) at a time each "
+        "(the cache is the same for any number of workers above 1)",
+    )
 
 
 # -- errors ------------------------------------------------------------------------------------

@@ -134,6 +134,7 @@ class ShardedBuild:
         self.shards = list(shards)
         self.workers = workers
         self.retries = retries
+        self.manifest_extra: dict[str, Any] = {}  # recorded in the manifest (see sharded)
         offsets = known_offsets(self.shards)
         self.cardinality: Optional[int] = None
         if offsets is not None:
@@ -331,11 +332,15 @@ def sharded(
 
     ``data`` is a map-style dataset or a sequence (split into index ranges, ``build_shards`` of
     them, by default a number that depends on its length only), a list of callables each
-    returning a dataset (one shard each), or a list of ``BuildShard``.
+    returning a dataset (one shard each), an object source (``yogacache.sources.from_url``: one
+    shard per archive or run of files), or a list of ``BuildShard``.
     """
     if isinstance(data, ShardedBuild):
         return data
-    return ShardedBuild(as_shards(data, build_shards), workers, retries=retries)
+    build = ShardedBuild(as_shards(data, build_shards), workers, retries=retries)
+    # An object source's pins go in the manifest, as in a build in one process.
+    build.manifest_extra = dict(getattr(data, "manifest_extra", None) or {})
+    return build
 
 
 def parallel_maker(

@@ -145,6 +145,24 @@ class CallShard(BuildShard):
         return _resolve(self.function)(*self.args)
 
 
+@dataclass
+class ObjectsShard(BuildShard):
+    """Some objects of an object source (``yogacache.sources.from_url``): one tar or zip shard,
+    or a run of plain files, as ``ObjectSource.shard_recipes`` lists them."""
+
+    recipe: dict[str, Any]
+
+    def make(self) -> Any:
+        from yogacache.sources.source import ObjectSource
+
+        return ObjectSource.from_recipe(self.recipe)
+
+
+def object_shards(source: Any) -> list[BuildShard]:
+    """One build shard per ``source.shard_recipes()`` entry (an object source's objects, in order)."""
+    return [ObjectsShard(recipe) for recipe in source.shard_recipes()]
+
+
 def plan_index_shards(data: Any, num_shards: Optional[int] = None) -> list[BuildShard]:
     """Index ranges covering ``data`` (a map-style dataset or a sequence) in order. Without
     ``num_shards``, the count follows from the length alone (ranges of at least
@@ -186,11 +204,14 @@ def call_shards(functions: Sequence[Callable[[], Any]]) -> list[BuildShard]:
 
 def as_shards(data: Any, num_shards: Optional[int] = None) -> list[BuildShard]:
     """Build shards for ``data``: a list of ``BuildShard`` as it is, a list of callables one
-    shard each, a map-style dataset or a sequence as index ranges."""
+    shard each, an object source's objects (``object_shards``), a map-style dataset or a
+    sequence as index ranges."""
     if isinstance(data, (list, tuple)) and data and all(isinstance(s, BuildShard) for s in data):
         return list(data)
     if isinstance(data, (list, tuple)) and data and all(callable(f) for f in data):
         return call_shards(data)
+    if getattr(data, "is_object_source", False):
+        return object_shards(data)
     return plan_index_shards(data, num_shards)
 
 

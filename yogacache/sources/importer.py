@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from yogacache.errors import CacheNotFoundError
 from yogacache.format.manifest import Manifest
@@ -69,11 +69,14 @@ def import_source(
     *,
     on_source_change: Optional[str] = None,
     show_progress: bool = True,
+    parallel: Optional[Callable[[ObjectSource], Any]] = None,
 ) -> ImportResult:
     """Caches ``source`` as ``dataset_id``/``version`` (``"auto"``: derived from the pins).
 
     An existing cache of that version is checked against its pins first (no object is read):
     unchanged, it is kept; changed, ``on_source_change`` (default: the source's) decides.
+    ``parallel``: what the store builds instead of ``source`` (``yogacache.parallel.sharded``
+    with workers: one build shard per archive); its workers report their own progress.
     """
     validate_name(dataset_id, "dataset_id")
     version = source.auto_version() if version == "auto" else validate_version(version)
@@ -94,10 +97,10 @@ def import_source(
             return ImportResult(existing, "stale", check)
     refs = source.objects()
     shown = ImportProgress(f"{dataset_id}:{version}", len(refs), sum(ref.size for ref in refs),
-                           enabled=show_progress)
+                           enabled=show_progress and parallel is None)
     source.progress = shown
     try:
-        manifest = store.build(dataset_id, version, source)
+        manifest = store.build(dataset_id, version, source if parallel is None else parallel(source))
         shown.finish()
     finally:
         shown.close()

@@ -47,6 +47,8 @@ PINS_VERSION = 1
 FORMATS = ("auto", "webdataset", "archive", "files", "imagefolder")
 ON_SOURCE_CHANGE = ("error", "rebuild", "warn", "ignore")
 ENCODE_BATCH = 256
+# A parallel build reads plain files (format="files" / "imagefolder") in build shards of this many.
+FILES_PER_BUILD_SHARD = 512
 ENCODE_BATCH_BYTES = 8 << 20
 ProgressCallback = Callable[[int, int, int], None]  # objects done, source bytes read, records
 
@@ -219,6 +221,63 @@ class ObjectSource:
                     "it changed since that ETag was taken; nothing was cached. Pass its current ETag, or "
                     "version_id= for the old version in a versioned bucket"
                 )
+
+    # -- parallel builds ------------------------------------------------------------------------
+    def shard_recipes(self, files_per_shard: int = FILES_PER_BUILD_SHARD) -> list[dict[str, Any]]:
+        """Plain-data recipes (``from_recipe``) of sources that each read some of this source's
+        objects, in listing order: one per archive (a tar or zip shard), one per run of up to
+        ``files_per_shard`` plain files. What a parallel build hands its workers: the recipes
+        depend on the listing alone, and carry what must be the same in every shard (the
+        listing's prefixes, the field set of plain files, imagefolder's class table)."""
+        refs = self.objects()
+        if self.format == "imagefolder":
+            refs = [ref for ref in refs if "/" in self._relative_key(ref)]
+        plain = [ref for ref in refs if self._format_of(ref) in ("files", "imagefolder")]
+        fields = self.fields
+        if plain and fields is None:
+            fields = self._file_fields(plain)
+        common: dict[str, Any] = {
+            "urls": self.urls,
+            "format": self.format,
+            "fields": fields,
+            "decode": self.decode,
+            "version_id": self.version_id,
+            "generation": self.generation,
+            "on_source_change": self.on_source_change,
+            "max_bytes": self.max_bytes,
+            "endpoint_url": self.endpoint_url,
+            "prefixes": list(self._prefixes),
+            "classes": None,
+        }
+        if self.format == "imagefolder":
+            self._classes = common["classes"] = self._class_table()  # pinned, as in one process
+        groups: list[list[ObjectRef]] = []
+        run: list[ObjectRef] = []
+        for ref in refs:
+            if self._format_of(ref) in ("files", "imagefolder"):
+                run.append(ref)
+                if len(run) >= files_per_shard:
+                    groups.append(run)
+                    run = []
+                continue
+            if run:
+                groups.append(run)
+                run = []
+            groups.append([ref])
+        if run:
+            groups.append(run)
+        return [dict(common, objects=group) for group in groups]
+
+    @classmethod
+    def from_recipe(cls, recipe: Mapping[str, Any]) -> ObjectSource:
+        """The source of one ``shard_recipes`` entry (its objects as listed: no listing again)."""
+        options = dict(recipe)
+        objects, prefixes, classes = options.pop("objects"), options.pop("prefixes"), options.pop("classes")
+        source = cls(**options)
+        source._objects = list(objects)
+        source._prefixes = list(prefixes)
+        source._classes = classes
+        return source
 
     # -- identity ------------------------------------------------------------------------------
     def pins(self) -> dict[str, Any]:
