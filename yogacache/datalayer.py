@@ -174,8 +174,9 @@ class DataLayer:
         rank's records change from epoch to epoch; resume works with any number of ranks);
         ``shuffle_mode="parts"`` (for streamed caches) mixes ``parts_window`` parts at a time and,
         given ``ranks_per_node`` (consecutive ranks sharing a node), gives each node its own parts
-        (see docs/shuffle.md). ``returns`` picks what the decorated function returns: a ``tf.data.Dataset`` ("tf"),
-        a ``yogacache.torch.CacheIterableDataset`` ("torch") or a ``Stream`` ("stream").
+        (see docs/shuffle.md). ``returns`` picks what the decorated function returns: a
+        ``tf.data.Dataset`` ("tf"), a ``yogacache.torch.CacheIterableDataset`` ("torch") or a
+        ``Stream`` ("stream").
         ``skip_shuffle_end_of_epoch`` is Determined's spelling of ``skip_shuffle_at_epoch_end``.
         ``workers=N`` builds a miss with N processes; ``build_shards=K`` makes the function a builder
         called as ``f(shard_index=i, num_shards=K)`` (see docs/parallel-build.md).
