@@ -269,8 +269,8 @@ def test_dataloader_workers_read_a_streamed_cache(
 
 def test_usage_sampler_counts_a_file_once_under_two_names(tmp_path: Path) -> None:
     """The sampler lists names, then stats them one by one: boto3 renaming its download onto the
-    reservation between two stats shows one file under two names (as a hard link does). It was
-    counted twice, and a node seemed one part over its budget (1 run in 17)."""
+    reservation between two stats shows one file under two names (as a hard link does), which
+    counted twice would make a node seem one part over its budget."""
     (tmp_path / "b-part-00001.mdb").write_bytes(b"p" * 700)
     reservation = tmp_path / ".b-part-00002.mdb.tmp-1-1000-0123abcd"
     reservation.write_bytes(b"d" * 1000)
