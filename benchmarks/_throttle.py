@@ -1,10 +1,15 @@
 """A bandwidth-limited, byte-counting HTTP/1.1 reverse proxy for ``bench_stream.py``.
 
 ``ThrottleProxy(upstream, bytes_per_second)`` listens on 127.0.0.1 and forwards every request to
-the upstream server (moto's S3 server), streaming response bodies in 64 KiB chunks paced on one
+the upstream server (moto's S3 server), streaming response bodies in 256 KiB chunks paced on one
 shared timeline, so that all connections together get at most ``bytes_per_second``: a node's
-network link. It records ``(time, body bytes)`` for every chunk sent, so that a benchmark can
-count the bytes a reader fetched between two instants. Standard library only.
+network link. A chunk occupies the link for ``size / bytes_per_second`` from the start of its
+slot, and is handed to the client's socket at that start, so that the proxy's own work on the
+next chunk overlaps the transmission, as a network card's does. (Sleeping until the slot's end
+before sending, in 64 KiB chunks, added the proxy's Python time to every chunk's: one connection
+got about 90 MB/s of a 200 MB/s link, four together about 170.) It records ``(time, body
+bytes)`` for every chunk sent, so that a benchmark can count the bytes a reader fetched between
+two instants. Standard library only.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ import time
 from typing import BinaryIO, Optional
 from urllib.parse import urlsplit
 
-CHUNK = 64 << 10
+CHUNK = 256 << 10
 _HOP_BY_HOP = {"connection", "keep-alive", "proxy-connection", "upgrade", "te", "transfer-encoding"}
 
 
@@ -64,11 +69,12 @@ class ThrottleProxy:
 
     # -- serving ----------------------------------------------------------------------------
     def _pace(self, size: int) -> None:
+        """Waits for the start of the next free slot of ``size`` bytes on the link."""
         with self._lock:
             now = time.monotonic()
             start = max(now, self._timeline)
             self._timeline = start + size / self.rate
-            wait = self._timeline - now
+            wait = start - now
         if wait > 0:
             time.sleep(wait)
 
@@ -144,12 +150,13 @@ class ThrottleProxy:
                     conn.sendall(chunk)
                     self._count(len(chunk))
                 return True
+            buffer = memoryview(bytearray(CHUNK))
             while True:
-                chunk = response.read(CHUNK)
-                if not chunk:
+                got = response.readinto(buffer)
+                if not got:
                     return True
-                self._pace(len(chunk))
-                conn.sendall(chunk)
-                self._count(len(chunk))
+                self._pace(got)
+                conn.sendall(buffer[:got])
+                self._count(got)
         finally:
             upstream.close()

@@ -14,7 +14,8 @@ opening the dataset (libraries imported) to the first batch; records/s over epoc
 
 Usage: ``.venv/bin/python benchmarks/bench_stream.py [--size 2Gi] [--rate 200M] [--no-peers]``
 (the peers run in ``benchmarks/.venv-peers``, made by ``bench_torch.py``). One run; the numbers
-are as noisy as the machine.
+are as noisy as the machine, whose load average the notes give: run it several times and take
+medians. "of the link": epoch 1's records/s as a fraction of the link rate.
 """
 
 from __future__ import annotations
@@ -131,6 +132,7 @@ def main() -> None:
     moto, endpoint = start_moto(workdir)
     rows: dict[str, dict[str, Any]] = {}
     notes: list[str] = []
+    load_before = os.getloadavg()[0]
     try:
         import boto3
 
@@ -182,6 +184,8 @@ def main() -> None:
         moto.terminate()
         moto.wait(timeout=30)
         shutil.rmtree(workdir, ignore_errors=True)
+    load_after, cores = os.getloadavg()[0], os.cpu_count()
+    notes.append(f"load average (1 min) {load_before:.1f} at the start, {load_after:.1f} at the end; {cores} cores")
     print_table(rows, records, rate, budget, notes)
 
 
@@ -218,15 +222,16 @@ def print_table(rows: dict[str, dict[str, Any]], records: int, rate: int, budget
         f"server through a {rate / 1e6:.0f} MB/s link (link rate = {rate / RECORD_BYTES:.0f} records/s); "
         f"budget {budget / 2**30:.2f} GiB (half the dataset); dataset order, batches of {BATCH}\n"
     )
-    header = ["reader", "first batch (s)", "epoch 1 (records/s)", "epoch 1 fetched (GiB)", "epoch 2 fetched (GiB)"]
+    header = ["reader", "first batch (s)", "epoch 1 (records/s)", "of the link", "epoch 1 fetched (GiB)",
+              "epoch 2 fetched (GiB)"]
     lines = [header]
     for label, row in rows.items():
-        cells = [label, f"{row['first_batch']:.2f}", f"{row['rate']:.0f}",
+        cells = [label, f"{row['first_batch']:.2f}", f"{row['rate']:.0f}", f"{row['rate'] * RECORD_BYTES / rate:.2f}x",
                  f"{row['bytes'][0] / 2**30:.2f}", f"{row['bytes'][1] / 2**30:.2f}"]
         if ours is not None and label != "yogacache":
             cells[1] += f" ({row['first_batch'] / ours['first_batch']:.1f}x)"
             cells[2] += f" ({row['rate'] / ours['rate']:.2f}x)"
-            cells[4] += f" ({row['bytes'][1] / max(1, ours['bytes'][1]):.1f}x)"
+            cells[5] += f" ({row['bytes'][1] / max(1, ours['bytes'][1]):.1f}x)"
         lines.append(cells)
     widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
     for n, line in enumerate(lines):

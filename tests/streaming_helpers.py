@@ -100,6 +100,29 @@ def parts_dir(node: Path) -> Path:
     return node / "yogadl_local_cache" / ".parts" / DS / VER
 
 
+def bytes_on_disk(directory: Path) -> int:
+    """The bytes of the files in ``directory`` (lock files aside), each file once.
+
+    Each file counts once by its inode, not once per name: the names are listed first and
+    stat'ed one by one, so a file renamed over another between two stats (boto3 downloads into
+    ``<reservation>.<8 hex>`` and renames that onto the reservation) would otherwise be counted
+    under both names, one part more than the node ever held."""
+    try:
+        entries = list(os.scandir(directory))
+    except OSError:
+        return 0
+    sizes: dict[tuple[int, int], int] = {}
+    for entry in entries:
+        if entry.name.endswith(".lock"):
+            continue
+        try:
+            st = entry.stat(follow_symlinks=False)
+        except OSError:
+            continue
+        sizes[(st.st_dev, st.st_ino)] = st.st_size
+    return sum(sizes.values())
+
+
 class UsageSampler:
     """Samples the bytes of a node's streamed parts (temporary files included) while it runs."""
 
@@ -112,20 +135,7 @@ class UsageSampler:
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            total = 0
-            directory = parts_dir(self.node)
-            try:
-                entries = list(os.scandir(directory))
-            except OSError:
-                entries = []
-            for entry in entries:
-                try:
-                    if entry.name.endswith(".lock"):
-                        continue
-                    total += entry.stat(follow_symlinks=False).st_size
-                except OSError:
-                    continue
-            self.peak = max(self.peak, total)
+            self.peak = max(self.peak, bytes_on_disk(parts_dir(self.node)))
             self.samples += 1
             self._stop.wait(0.01)
 

@@ -131,6 +131,44 @@ def test_a_lease_protects_while_its_process_lives_and_not_after_sigkill(tmp_path
     assert list((root / budget.LEASES_DIR).iterdir()) == []  # the dead process's lease files went
 
 
+OPEN_COPY_UNLIMITED = r"""
+import sys, time
+from yogacache.backends.files import FileObjectStore
+from yogacache.store.remote import RemoteCacheStore
+reader = RemoteCacheStore(FileObjectStore(sys.argv[1]), sys.argv[2], show_progress=False).open("a", "v1")
+print(int(reader[0][1]), flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_copy_read_without_a_budget_is_leased_and_dead_leases_go_with_the_next_lease(tmp_path: Path) -> None:
+    """A process with no budget and no streaming still takes a lease on the whole copy it reads:
+    ``gc --limit`` (or a process with a budget sharing the root) may evict whole copies, and
+    only the lease keeps the one it reads. Its files go when the next process takes a lease,
+    without waiting for an eviction scan that a node with no budget never runs."""
+    bucket, node_dir = tmp_path / "bucket", tmp_path / "node"
+    RemoteCacheStore(FileObjectStore(bucket), tmp_path / "builder", show_progress=False).get_or_build(
+        "a", "v1", lambda: _data(100, 0)
+    )
+    root = node_dir / "yogadl_local_cache"
+    process = start_python(OPEN_COPY_UNLIMITED, str(bucket), str(node_dir), env=python_env())
+    try:
+        assert process.stdout is not None and process.stdout.readline().strip() == "0"
+        assert budget.live_leases(root).held == {"a/v1"}
+        store = RemoteCacheStore(FileObjectStore(bucket), node_dir, show_progress=False)
+        result = eviction.collect(store, 1)
+        assert result.evicted == [] and (root / "a" / "v1" / "manifest.json").is_file()
+    finally:
+        process.send_signal(signal.SIGKILL)
+        process.wait(timeout=30)
+    leases = root / budget.LEASES_DIR
+    assert len(list(leases.iterdir())) == 2  # the dead process's .lock and .json: nothing scanned yet
+    mine = budget.ProcessLease(root)  # the next process to read there
+    assert sorted(leases.iterdir()) == [mine.lock_path]
+    # Now nothing holds "a": gc may take it (it is a copy of the published build).
+    assert [e.item.item for e in eviction.collect(store, 1).evicted] == ["a/v1"]
+
+
 # -- whole local copies under the budget --------------------------------------------------------
 def _data(n: int, fill: int) -> list[tuple[np.ndarray, int]]:
     return [(np.full(1024, i + fill, np.int32), i + fill) for i in range(n)]

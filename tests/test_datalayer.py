@@ -129,6 +129,35 @@ def test_train_resume_offset_equals_uninterrupted_minus_prefix(root: Path, offse
     assert resumed == uninterrupted[offset : offset + len(resumed)]
 
 
+def test_train_parts_mode_options_reach_the_stream(root: Path) -> None:
+    """``parts_window`` and ``ranks_per_node`` go where ``shuffle_mode`` goes: the stream's resume
+    state names the split it was cut for, and the order is the one ``DataRef.stream`` gives for
+    the same arguments."""
+    layer = DataLayer(shared_fs(root), rank=1, num_shards=4, seed=3)
+    stream = layer.cache_train_dataset(
+        "digits", "v1", shuffle=True, shuffle_mode="parts", parts_window=2, ranks_per_node=2, returns="stream"
+    )(DatasetFunction())()
+    state = stream.state_dict(0)
+    assert (state["mode"], state["window"], state["ranks_per_node"]) == ("parts", 2, 2)
+    ref = layer.cache_dataset("digits", "v1_train")(DatasetFunction())()
+    same = ref.stream(
+        shuffle=True,
+        shuffle_seed=3,
+        shard_rank=1,
+        num_shards=4,
+        drop_shard_remainder=True,
+        shuffle_mode="parts",
+        parts_window=2,
+        ranks_per_node=2,
+    )
+    assert same.state_dict(0) == state
+    assert [int(element["i"]) for element in stream] == [int(element["i"]) for element in same]
+    default = layer.cache_train_dataset("digits", "v1", shuffle=True, shuffle_mode="parts", returns="stream")(
+        DatasetFunction()
+    )()
+    assert (default.state_dict(0)["window"], default.state_dict(0)["ranks_per_node"]) == (4, 1)
+
+
 def test_train_resume_offset_without_shuffle(root: Path) -> None:
     layer = DataLayer(shared_fs(root), rank=0, num_shards=1, offset=20)
     ds = layer.cache_train_dataset("digits", "v1")(DatasetFunction())()

@@ -18,6 +18,7 @@ from tests.streaming_helpers import (
     RECORDS,
     VER,
     UsageSampler,
+    bytes_on_disk,
     data,
     node_config,
     parts_dir,
@@ -264,3 +265,15 @@ def test_dataloader_workers_read_a_streamed_cache(
         assert sorted(labels) == list(range(RECORDS))
         gets = _part_gets(proxy)
         assert sorted(set(gets)) == sorted(gets) and len(gets) == len(manifest.parts)
+
+
+def test_usage_sampler_counts_a_file_once_under_two_names(tmp_path: Path) -> None:
+    """The sampler lists names, then stats them one by one: boto3 renaming its download onto the
+    reservation between two stats shows one file under two names (as a hard link does), which
+    counted twice would make a node seem one part over its budget."""
+    (tmp_path / "b-part-00001.mdb").write_bytes(b"p" * 700)
+    reservation = tmp_path / ".b-part-00002.mdb.tmp-1-1000-0123abcd"
+    reservation.write_bytes(b"d" * 1000)
+    os.link(reservation, tmp_path / ".b-part-00002.mdb.tmp-1-1000-0123abcd.a1B2c3D4")  # boto3's name
+    (tmp_path / ".b-part-00002.mdb.lock").write_bytes(b"")
+    assert bytes_on_disk(tmp_path) == 1700

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import signal
+import threading
 import time
 from pathlib import Path
 from typing import Any, Iterator
@@ -15,7 +16,7 @@ import pytest
 from tests.cloud_helpers import Cloud, start_python, unique
 from tests.faultproxy import FaultProxy, gcs_error_body
 from tests.streaming_helpers import DS, RECORDS, VER, data, node_config, node_env, parts_dir, publish
-from yogacache.backends.base import RemoteError
+from yogacache.backends.base import RemoteError, RetryPolicy
 from yogacache.errors import CacheReplacedError, ConfigError, CorruptCacheError
 from yogacache.format.manifest import Manifest
 from yogacache.store import open_store
@@ -225,3 +226,32 @@ def test_budget_below_the_parts_in_flight_is_refused_with_the_minimum(
         open_store(config, show_progress=False).open(DS, VER)
     assert "at least" in str(raised.value) and str(need) in str(raised.value)
     assert proxy.requests("GET", "-part-") == []  # refused before any part was fetched
+
+
+def test_close_stops_the_retries_of_fetches_ahead(
+    cloud: Cloud, published: tuple[str, str, Manifest], proxy: FaultProxy, tmp_path: Path
+) -> None:
+    """A fetch ahead retrying a failing server stops when its reader is closed: no attempt after
+    the one under way, and its temporary file is removed (it used to retry on, after the test)."""
+    bucket, prefix, manifest = published
+    node = tmp_path / "node"
+    failing = manifest.parts[-1].name
+    proxy.add_rule(method="GET", path_contains=failing, **_fault(cloud, 503))
+    reader = open_store(node_config(cloud, bucket, prefix, node, proxy.url, streaming=True), show_progress=False).open(
+        DS, VER
+    )
+    reader._provider.expect(range(len(manifest.parts)))  # the order a stream announces
+    assert int(reader[0][1]) == 0  # part 0 is here; the others are fetched ahead
+    deadline = time.monotonic() + 60
+    while not proxy.requests("GET", failing) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert proxy.requests("GET", failing), "the last part was never fetched ahead"
+    reader.close()
+    at_close = len(proxy.requests("GET", failing))
+    while any(t.name.startswith("yogacache-stream") for t in threading.enumerate()) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert not [t.name for t in threading.enumerate() if t.name.startswith("yogacache-stream")]
+    # At most the attempt under way when close() ran; the retry policy would have made five.
+    assert len(proxy.requests("GET", failing)) <= at_close + 1 < RetryPolicy().attempts
+    assert list(parts_dir(node).glob(".*.tmp-*")) == []
+    assert not (parts_dir(node) / f"{manifest.build_id}-{failing}").exists()

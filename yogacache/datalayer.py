@@ -13,7 +13,7 @@ from yogacache.dataref import CacheDataRef, cached_dataref
 from yogacache.format.integrity import Verify
 from yogacache.format.writer import BuildLimits
 from yogacache.names import validate_name
-from yogacache.read.options import DEFAULT_SHUFFLE_MODE, ReadOptions
+from yogacache.read.options import DEFAULT_PARTS_WINDOW, DEFAULT_SHUFFLE_MODE, ReadOptions
 from yogacache.read.schedule import ResumeState
 from yogacache.store import open_store
 from yogacache.store import yogadl as yogadl_caches
@@ -159,6 +159,8 @@ class DataLayer:
         skip_shuffle_at_epoch_end: bool = False,
         *,
         shuffle_mode: str = DEFAULT_SHUFFLE_MODE,
+        parts_window: int = DEFAULT_PARTS_WINDOW,
+        ranks_per_node: Optional[int] = None,
         returns: str = "tf",
         skip_shuffle_end_of_epoch: Optional[bool] = None,
         workers: Optional[int] = None,
@@ -169,9 +171,12 @@ class DataLayer:
         remainder dropped, resumed at ``offset`` or ``resume_state``, shuffled with ``seed``).
 
         ``shuffle_mode="global"`` reshuffles the whole dataset across ranks every epoch (a
-        rank's records change from epoch to epoch; resume works with any number of ranks).
-        ``returns`` picks what the decorated function returns: a ``tf.data.Dataset`` ("tf"),
-        a ``yogacache.torch.CacheIterableDataset`` ("torch") or a ``Stream`` ("stream").
+        rank's records change from epoch to epoch; resume works with any number of ranks);
+        ``shuffle_mode="parts"`` (for streamed caches) mixes ``parts_window`` parts at a time and,
+        given ``ranks_per_node`` (consecutive ranks sharing a node), gives each node its own parts
+        (see docs/shuffle.md). ``returns`` picks what the decorated function returns: a
+        ``tf.data.Dataset`` ("tf"), a ``yogacache.torch.CacheIterableDataset`` ("torch") or a
+        ``Stream`` ("stream").
         ``skip_shuffle_end_of_epoch`` is Determined's spelling of ``skip_shuffle_at_epoch_end``.
         ``workers=N`` builds a miss with N processes; ``build_shards=K`` makes the function a builder
         called as ``f(shard_index=i, num_shards=K)`` (see docs/parallel-build.md).
@@ -191,6 +196,8 @@ class DataLayer:
                 drop_shard_remainder=True,
                 shuffle_mode=shuffle_mode,
                 resume_state=self.resume_state,
+                parts_window=parts_window,
+                ranks_per_node=ranks_per_node,
             ),
             returns,
             workers,

@@ -24,7 +24,7 @@ from yogacache.format.manifest import MANIFEST_NAME
 from yogacache.format.sources import AnnotatedSource, source_for
 from yogacache.format.spec import Spec
 from yogacache.format.yogadl_legacy import LEGACY_CACHE_NAME
-from yogacache.read.options import DEFAULT_SHUFFLE_MODE, ReadOptions
+from yogacache.read.options import DEFAULT_PARTS_WINDOW, DEFAULT_SHUFFLE_MODE, ReadOptions
 from yogacache.read.pipeline import Stream, read_stream
 from yogacache.read.reader import CacheReader
 from yogacache.sources.freshness import check_before_sync, ensure_fresh
@@ -112,11 +112,14 @@ class CacheDataRef(DataRef):
         shuffle_mode: str = DEFAULT_SHUFFLE_MODE,
         resume_state: Optional[Mapping[str, Any]] = None,
         skip_shuffle_end_of_epoch: Optional[bool] = None,
+        parts_window: int = DEFAULT_PARTS_WINDOW,
+        ranks_per_node: Optional[int] = None,
     ) -> Stream:
         """YogaDL's ``stream``, plus ``shuffle_mode="global"`` (each epoch one permutation of the
         whole dataset dealt out to the ranks, resumable with any number of ranks) and
         ``resume_state`` (a ``Stream.state_dict`` result, instead of ``start_offset``).
-        ``skip_shuffle_end_of_epoch`` is Determined's spelling of ``skip_shuffle_at_epoch_end``."""
+        ``skip_shuffle_end_of_epoch`` is Determined's spelling of ``skip_shuffle_at_epoch_end``;
+        ``parts_window`` and ``ranks_per_node`` tune ``shuffle_mode="parts"`` (see ``ReadOptions``)."""
         options = ReadOptions.from_stream_args(
             start_offset,
             shuffle,
@@ -127,6 +130,8 @@ class CacheDataRef(DataRef):
             drop_shard_remainder,
             shuffle_mode=shuffle_mode,
             resume_state=resume_state,
+            parts_window=parts_window,
+            ranks_per_node=ranks_per_node,
         )
         return self.open_stream(options)
 

@@ -8,9 +8,12 @@ raised as RemoteError naming the object, never read as "absent".
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import errno
 import logging
 import random
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,6 +48,24 @@ def is_disk_full(error: BaseException) -> bool:
     return isinstance(error, OSError) and error.errno in _DISK_FULL
 
 
+# Set by ``stop_retries_when``: an event that ends the retries of this thread's calls.
+_retry_stop: contextvars.ContextVar[Optional[threading.Event]] = contextvars.ContextVar(
+    "yogacache_retry_stop", default=None
+)
+
+
+@contextlib.contextmanager
+def stop_retries_when(event: threading.Event) -> Iterator[None]:
+    """Within the block, a call of this thread that ``RetryPolicy`` retries stops with
+    TransferCancelled once ``event`` is set: a backoff under way wakes at once, and no further
+    attempt starts (a fetch ahead whose reader was closed, against a server that is gone)."""
+    token = _retry_stop.set(event)
+    try:
+        yield
+    finally:
+        _retry_stop.reset(token)
+
+
 @dataclass(frozen=True)
 class ObjectInfo:
     """One listed object: key relative to the store's prefix, size, and version token."""
@@ -71,8 +92,12 @@ class RetryPolicy:
         """Runs ``call``; retries failures ``is_transient`` accepts, then raises RemoteError.
 
         ``describe`` says what went wrong without secrets (the backend may name its endpoint).
+        Inside ``stop_retries_when(event)``, a set ``event`` ends the retries (TransferCancelled).
         """
+        stop = _retry_stop.get()
         for attempt in range(1, self.attempts + 1):
+            if stop is not None and stop.is_set():
+                raise TransferCancelled(f"{what} cancelled")
             try:
                 return call()
             except (RemoteError, FileNotFoundError, TransferCancelled):
@@ -86,8 +111,13 @@ class RetryPolicy:
                     ) from None
                 delay = min(self.max_delay, self.base_delay * 2 ** (attempt - 1))
                 delay *= 0.5 + random.random()
+                if stop is not None and stop.is_set():
+                    raise TransferCancelled(f"{what} cancelled ({describe(error)})") from None
                 log.warning("%s failed (%s); retrying in %.1f s", what, describe(error), delay)
-                time.sleep(delay)
+                if stop is None:
+                    time.sleep(delay)
+                elif stop.wait(delay):
+                    raise TransferCancelled(f"{what} cancelled ({describe(error)})") from None
         raise AssertionError("unreachable")  # pragma: no cover
 
 

@@ -5,7 +5,14 @@ Under a local root (``<local_cache_path>/yogadl_local_cache``) live whole local 
 Every process that reads some of them holds a *lease*: ``.leases/<pid>-<random>.lock``, locked
 with ``flock`` for the life of the process, beside a ``.json`` file naming what it reads and the
 parts it will need next, in order. A lease whose lock can be taken belongs to a dead process
-(also after SIGKILL: the kernel drops the lock) and protects nothing.
+(also after SIGKILL: the kernel drops the lock) and protects nothing; its files are removed by
+the next scan, and by the next process that takes a lease there.
+
+Every process that opens a remote cache's whole local copy takes a lease, also without a budget
+or streaming: ``yogacache gc --limit`` and processes with a budget that share the local root may
+evict whole copies, and only the lease keeps them from the copy a live process reads (and
+makes ``ls`` show it in use). A shared_fs or local store takes none: it holds only copies that
+are the only ones, which nothing evicts.
 
 Eviction (``make_room``, ``collect``) runs under one node-wide lock (``.budget.lock``) and never
 removes what a live lease holds, nor a local copy that is the only copy (see
@@ -71,6 +78,9 @@ class ProcessLease:
         self._fd = os.open(hidden, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         fcntl.flock(self._fd, fcntl.LOCK_EX)  # held until this process exits
         os.rename(hidden, self.lock_path)
+        # Leases of processes gone since the last scan: a node where nothing evicts (no budget)
+        # would otherwise keep two files per process that ever read there.
+        remove_dead_leases(directory)
         self._held: dict[str, int] = {}  # item -> how many holders in this process
         self._upcoming: dict[str, list[str]] = {}  # reader -> its next parts, in order
         self._lock = threading.Lock()
@@ -153,18 +163,16 @@ class LiveLeases:
         return self.next_use.get(item, math.inf)
 
 
-def live_leases(root: Path) -> LiveLeases:
-    """The leases of live processes under ``root``; a dead process's lease files are removed."""
-    held: set[str] = set()
-    next_use: dict[str, int] = {}
-    processes = 0
-    directory = root / LEASES_DIR
+def remove_dead_leases(directory: Path) -> list[Path]:
+    """Removes the lease files of dead processes in ``directory`` (a ``.leases``); the ``.json``
+    paths of the live leases."""
     try:
         names = sorted(os.listdir(directory))
     except FileNotFoundError:
-        names = []
+        return []
+    live = []
     for name in names:
-        if not name.endswith(".lock"):
+        if not name.endswith(".lock") or name.startswith("."):
             continue
         lock_path = directory / name
         json_path = directory / (name[: -len(".lock")] + ".json")
@@ -178,15 +186,21 @@ def live_leases(root: Path) -> LiveLeases:
             except OSError as error:
                 if error.errno not in (errno.EAGAIN, errno.EACCES):
                     raise
-                alive = True
-            else:
-                alive = False  # nobody holds it: its process is gone
+                live.append(json_path)
+            else:  # nobody holds it: its process is gone
                 json_path.unlink(missing_ok=True)
                 lock_path.unlink(missing_ok=True)
         finally:
             os.close(fd)
-        if not alive:
-            continue
+    return live
+
+
+def live_leases(root: Path) -> LiveLeases:
+    """The leases of live processes under ``root``; a dead process's lease files are removed."""
+    held: set[str] = set()
+    next_use: dict[str, int] = {}
+    processes = 0
+    for json_path in remove_dead_leases(root / LEASES_DIR):
         processes += 1
         try:
             data = json.loads(json_path.read_text())

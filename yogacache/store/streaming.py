@@ -27,7 +27,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
-from yogacache.backends.base import DEFAULT_TRANSFER_THREADS, ObjectStore
+from yogacache.backends.base import DEFAULT_TRANSFER_THREADS, ObjectStore, TransferCancelled, stop_retries_when
 from yogacache.errors import CacheReplacedError, ConfigError, CorruptCacheError, NoSpaceError
 from yogacache.format.durability import fsync_path
 from yogacache.format.integrity import file_identity, part_matches, write_stamp
@@ -107,6 +107,8 @@ class StreamingParts:
         self._order: list[int] = []
         self._position = 0  # where in ``_order`` the reader is
         self._held: dict[int, int] = {}
+        # Set by ``close``: the fetches ahead submitted until then stop (retries included).
+        self._stopping = threading.Event()
 
     # -- pickling (a reader sent to a spawned DataLoader worker) ------------------------------
     def __getstate__(self) -> dict[str, Any]:
@@ -189,12 +191,15 @@ class StreamingParts:
         self._fetch_ahead()
 
     def close(self) -> None:
-        """Stops fetching ahead (queued fetches are dropped; running ones finish)."""
+        """Stops fetching ahead: queued fetches are dropped, running ones stop at their next
+        chunk or before their next retry (their temporary files are removed)."""
         if self._pid != os.getpid():
             return
         with self._lock:
             pool, self._pool = self._pool, None
             self._order, self._ahead = [], {}
+            stopping, self._stopping = self._stopping, threading.Event()
+        stopping.set()
         if pool is not None:
             pool.shutdown(wait=False, cancel_futures=True)
 
@@ -227,18 +232,22 @@ class StreamingParts:
                     continue
                 if self._pool is None:
                     self._pool = ThreadPoolExecutor(self.transfer_threads, thread_name_prefix="yogacache-stream")
-                self._ahead[index] = self._pool.submit(self._fetch_quietly, index, distance)
+                self._ahead[index] = self._pool.submit(self._fetch_quietly, index, distance, self._stopping)
             for index in [i for i, future in self._ahead.items() if future.done()]:
                 del self._ahead[index]
 
-    def _fetch_quietly(self, index: int, distance: int) -> None:
+    def _fetch_quietly(self, index: int, distance: int, stopping: threading.Event) -> None:
         try:
-            self._fetch(index, on_demand=False, distance=distance)
+            with stop_retries_when(stopping):
+                self._fetch(index, on_demand=False, distance=distance, stopping=stopping)
         except Exception as error:  # noqa: BLE001 - the reader's own fetch reports it
             log.debug("fetching part %s ahead failed: %s", self.file_names[index], error)
 
-    def _fetch(self, index: int, *, on_demand: bool, distance: int = 0) -> None:
-        """Makes part ``index`` present and verified on the node (one download per node)."""
+    def _fetch(
+        self, index: int, *, on_demand: bool, distance: int = 0, stopping: Optional[threading.Event] = None
+    ) -> None:
+        """Makes part ``index`` present and verified on the node (one download per node); a
+        fetch ahead stops (TransferCancelled) once ``stopping`` is set."""
         part = self.manifest.parts[index]
         target = self.path(index)
         if _present(target, part):
@@ -257,7 +266,7 @@ class StreamingParts:
             if temp is None:
                 return  # no room to fetch ahead now; the reader fetches it when it gets there
             try:
-                self._download(index, temp)
+                self._download(index, temp, stopping)
                 os.replace(temp, target)
             except BaseException:
                 temp.unlink(missing_ok=True)
@@ -308,11 +317,16 @@ class StreamingParts:
             return None
         return Manifest.from_bytes(found[0], self.objects.url(self.manifest_key)).build_id
 
-    def _download(self, index: int, temp: Path) -> None:
+    def _download(self, index: int, temp: Path, stopping: Optional[threading.Event] = None) -> None:
         part = self.manifest.parts[index]
         url = self.object_urls[index]
+
+        def on_bytes(count: int) -> None:
+            if stopping is not None and stopping.is_set():
+                raise TransferCancelled(f"fetching {url} ahead stopped: its reader was closed")
+
         try:
-            self.objects.download_file(self.object_keys[index], temp)
+            self.objects.download_file(self.object_keys[index], temp, on_bytes)
         except FileNotFoundError:
             current = self._current_build()
             if current != self.manifest.build_id:
