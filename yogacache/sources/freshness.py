@@ -127,11 +127,15 @@ def check_before_sync(
     make_data: Callable[[], Any],
     on_source_change: Optional[str] = None,
 ) -> Optional[str]:
-    """For a store with a remote: the source check of the *published* cache, before a hit
-    downloads it (a stale cache is then never fetched only to be rebuilt or refused). Returns
-    the build id that passed the check (or was rebuilt), so that the hit does not check it
-    again; None if nothing is published (or the store has no remote)."""
+    """For a store with a remote and a node without a local copy: the source check of the
+    *published* cache, before the hit downloads it (a stale cache is then never fetched only to
+    be rebuilt or refused). Returns the build id that passed the check (or was rebuilt), so that
+    the hit does not check it again; None if nothing is published, the store has no remote, or
+    a local copy exists (the hit then costs its one manifest read, and checks what it opens)."""
     if getattr(store, "remote_url", None) is None:
+        return None
+    local_manifest = getattr(store, "local_manifest", None)
+    if local_manifest is not None and local_manifest(dataset_id, dataset_version) is not None:
         return None
     try:
         published = store.manifest(dataset_id, dataset_version)
