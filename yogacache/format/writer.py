@@ -79,6 +79,35 @@ def unknown_length_bound(free: int, total: int) -> Optional[int]:
     return free - reserve if free > 2 * reserve else None
 
 
+class _Hashing:
+    """``seal_hashes(path)`` computed in a thread (BLAKE3 and CRC32C release the interpreter lock
+    while they hash); ``result()`` waits for it and raises what it raised."""
+
+    def __init__(self, path: Path) -> None:
+        self._path = path
+        self._value: Optional[tuple[str, Optional[str]]] = None
+        self._error: Optional[BaseException] = None
+        self._thread = threading.Thread(target=self._run, name="yogacache-seal-hash", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            self._value = seal_hashes(self._path)
+        except BaseException as error:  # handed to the caller of result()
+            self._error = error
+
+    def wait(self) -> None:
+        self._thread.join()
+
+    def result(self) -> tuple[str, Optional[str]]:
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        if self._value is None:
+            raise BuildError(f"hashing {self._path} gave no result")
+        return self._value
+
+
 class CacheWriter:
     """Writes one cache; use as a context manager and call ``add_encoded`` with record batches."""
 
@@ -319,22 +348,29 @@ class CacheWriter:
         if self._env is None:
             return
         env, self._env = self._env, None
-        try:
-            env.sync(True)
-            entries = env.stat()["entries"]
-        except lmdb.Error as error:
-            raise BuildError(
-                f"syncing {self.dataset_id}:{self.dataset_version} in {self.directory} failed: "
-                f"{self._explain(error)}; nothing was cached"
-            ) from error
-        finally:
-            env.close()
         path = self.directory / part_name(len(self._parts))
-        count = self._written - self._part_first
-        if entries != count:
-            raise BuildError(f"part {path} holds {entries} records, expected {count}")
-        fsync_path(path)
-        content_hash, crc32c = seal_hashes(path)
+        # The last commit has written every byte of the part (LMDB writes as it commits; a sync
+        # only makes it durable): hash it from the page cache while the disk syncs it.
+        hashing = _Hashing(path)
+        try:
+            try:
+                env.sync(True)
+                entries = env.stat()["entries"]
+            except lmdb.Error as error:
+                raise BuildError(
+                    f"syncing {self.dataset_id}:{self.dataset_version} in {self.directory} failed: "
+                    f"{self._explain(error)}; nothing was cached"
+                ) from error
+            finally:
+                env.close()
+            count = self._written - self._part_first
+            if entries != count:
+                raise BuildError(f"part {path} holds {entries} records, expected {count}")
+            fsync_path(path)
+        except BaseException:
+            hashing.wait()  # done reading before the caller discards the part
+            raise
+        content_hash, crc32c = hashing.result()
         self._parts.append(
             PartInfo(
                 name=path.name,
