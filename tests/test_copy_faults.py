@@ -114,3 +114,30 @@ def test_a_different_build_published_during_the_copy_wins_and_the_copy_says_so(t
         copy_cache(source, destination, "ds", "v1", show_progress=False)
     assert (tmp_path / "dest" / "ds" / "v1" / MANIFEST_NAME).read_bytes() == other_manifest
     assert other.manifest.build_id.encode() in other_manifest
+
+
+def test_a_build_finishing_after_a_copy_published_does_not_publish_nor_delete_the_copy(tmp_path: Path) -> None:
+    """A copy and a build of one (id, version) at one destination cannot both publish: both create
+    the manifest conditionally. The build that loses leaves the copied build whole (its clean-up
+    keeps the parts the published manifest names)."""
+    from yogacache.backends.files import FileObjectStore
+    from yogacache.store.copy import check_copy
+
+    source = FileObjectStore(tmp_path / "source")
+    copied = RemoteCacheStore(source, tmp_path / "a", part_size_bytes=PART_SIZE, show_progress=False).get_or_build(
+        "ds", "v1", lambda: dataset(N)
+    )
+    # A builder of another build of ds v1 (its local copy complete, not yet published) ...
+    built = RemoteCacheStore(FileObjectStore(tmp_path / "elsewhere"), tmp_path / "b", show_progress=False)
+    other = built.get_or_build("ds", "v1", lambda: dataset(20, 9)).manifest
+    destination = FileObjectStore(tmp_path / "dest")
+    # ... while the copy publishes first.
+    assert copy_cache(source, destination, "ds", "v1", show_progress=False).published
+    builder = RemoteCacheStore(destination, tmp_path / "b", show_progress=False)
+    assert builder.publish_locked(other) is False
+    found = destination.read(f"ds/v1/{MANIFEST_NAME}")
+    assert found is not None and copied.manifest.build_id.encode() in found[0]
+    assert other.build_id.encode() not in found[0]
+    assert check_copy(destination, "ds", "v1") == []
+    reader = RemoteCacheStore(destination, tmp_path / "c", show_progress=False).open("ds", "v1")
+    assert reader_keys(reader) == expected_keys(N)

@@ -177,6 +177,14 @@ def test_mirrors_in_the_config_and_in_ls(world: World, tmp_path: Path, capsys: p
     out = capsys.readouterr().out
     assert "origin" in out and "empty" in out and "mirror" in out and current.build_id[:8] in out
     assert "testing-secret" not in out
+    assert main(["ls", "--json", "--storage", str(path)]) == 0
+    (row,) = json.loads(capsys.readouterr().out)
+    assert [(m["role"], m["build_id"]) for m in row["mirrors"]] == [
+        ("origin", current.build_id),
+        ("empty", None),  # the near mirror, not filled yet
+        ("mirror", current.build_id),
+    ]
+    assert row["mirrors"][0]["storage"] == store.remote_url
     assert reader_keys(store.open("ds", "v1")) == expected_keys(N)  # fills the near one
     assert main(["ls", "--storage", str(path)]) == 0
     out = capsys.readouterr().out
@@ -186,6 +194,7 @@ def test_mirrors_in_the_config_and_in_ls(world: World, tmp_path: Path, capsys: p
     rows = json.loads(capsys.readouterr().out)
     assert [(r["dataset_id"], r["local_current"]) for r in rows] == [("ds", True)]
     assert rows[0]["local_path"] is not None
+    assert [m["role"] for m in rows[0]["mirrors"]] == ["origin", "mirror", "mirror"]
 
 
 @pytest.mark.parametrize(

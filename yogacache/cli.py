@@ -227,7 +227,12 @@ def cmd_ls(store: Store, args: argparse.Namespace) -> int:
         print(f"yogacache: warning: {note}", file=sys.stderr)
     usage = _local_usage(store)
     if args.json:
-        print(json.dumps([{**_row(entry), **_usage_fields(usage, entry)} for entry in entries], indent=2))
+        mirrors = _mirror_fields(store)
+        listed = [{**_row(entry), **_usage_fields(usage, entry)} for entry in entries]
+        if mirrors is not None:  # a storage with mirrors: which of them holds which build
+            for fields in listed:
+                fields["mirrors"] = mirrors.get((fields["dataset_id"], fields["dataset_version"]), [])
+        print(json.dumps(listed, indent=2))
         return 0
     if not entries:
         beyond = f"{store.remote_url} or under " if store.remote_url else "under "
@@ -273,16 +278,29 @@ def cmd_ls(store: Store, args: argparse.Namespace) -> int:
     return 0
 
 
-def _print_mirrors(store: Store) -> None:
-    """For a storage with mirrors: which of them holds which build of each published cache."""
+def _mirror_fields(store: Store) -> Optional[dict[tuple[str, str], list[dict[str, Any]]]]:
+    """For a storage with mirrors (else None): per published cache, each storage (the origin
+    first, then the mirrors nearest first) with the build it holds and its role."""
     mirror_builds = getattr(store, "mirror_builds", None)
     if mirror_builds is None:
-        return
-    rows = []
+        return None
+    fields: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for dataset_id, version, url, build in mirror_builds():
-        origin = url == store.remote_url
-        state = "origin" if origin else ("empty" if build is None else "mirror")
-        rows.append([dataset_id, version, url, build or "-", state])
+        role = "origin" if url == store.remote_url else ("empty" if build is None else "mirror")
+        fields.setdefault((dataset_id, version), []).append({"storage": url, "build_id": build, "role": role})
+    return fields
+
+
+def _print_mirrors(store: Store) -> None:
+    """For a storage with mirrors: which of them holds which build of each published cache."""
+    fields = _mirror_fields(store)
+    if fields is None:
+        return
+    rows = [
+        [dataset_id, version, held["storage"], held["build_id"] or "-", held["role"]]
+        for (dataset_id, version), storages in fields.items()
+        for held in storages
+    ]
     if rows:
         print()
         print_table(["DATASET", "VERSION", "STORAGE", "BUILD", "ROLE"], rows, fold=("DATASET", "VERSION", "STORAGE"))
