@@ -19,7 +19,7 @@ import json
 import os
 import stat
 import tempfile
-import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable, Literal, Optional
 
@@ -207,22 +207,10 @@ def seal_hashes(path: Path) -> tuple[str, Optional[str]]:
     # Both hash at several GB/s with the interpreter lock released: on two threads, each reading
     # the (page-cached) file, they take about as long as the slower of the two, not the sum.
     crc = Crc32c()
-    failed: list[BaseException] = []
-
-    def crc_pass() -> None:
-        try:
-            _feed(path, [crc.update])
-        except BaseException as error:  # raised below, in the caller's thread
-            failed.append(error)
-
-    helper = threading.Thread(target=crc_pass, name="yogacache-crc32c", daemon=True)
-    helper.start()
-    try:
+    with ThreadPoolExecutor(1, thread_name_prefix="yogacache-crc32c") as pool:
+        crc_pass = pool.submit(_feed, path, [crc.update])
         _feed(path, [digest.update])
-    finally:
-        helper.join()
-    if failed:
-        raise failed[0]
+        crc_pass.result()
     return str(digest.hexdigest()), crc.value
 
 

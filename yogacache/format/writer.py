@@ -16,6 +16,7 @@ import queue
 import shutil
 import threading
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -77,35 +78,6 @@ def unknown_length_bound(free: int, total: int) -> Optional[int]:
     the writer's own free-space check (every build's) is the bound."""
     reserve = max(int(total * UNKNOWN_LENGTH_RESERVE_FRACTION), UNKNOWN_LENGTH_RESERVE_MIN)
     return free - reserve if free > 2 * reserve else None
-
-
-class _Hashing:
-    """``seal_hashes(path)`` computed in a thread (BLAKE3 and CRC32C release the interpreter lock
-    while they hash); ``result()`` waits for it and raises what it raised."""
-
-    def __init__(self, path: Path) -> None:
-        self._path = path
-        self._value: Optional[tuple[str, Optional[str]]] = None
-        self._error: Optional[BaseException] = None
-        self._thread = threading.Thread(target=self._run, name="yogacache-seal-hash", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        try:
-            self._value = seal_hashes(self._path)
-        except BaseException as error:  # handed to the caller of result()
-            self._error = error
-
-    def wait(self) -> None:
-        self._thread.join()
-
-    def result(self) -> tuple[str, Optional[str]]:
-        self._thread.join()
-        if self._error is not None:
-            raise self._error
-        if self._value is None:
-            raise BuildError(f"hashing {self._path} gave no result")
-        return self._value
 
 
 class CacheWriter:
@@ -350,9 +322,10 @@ class CacheWriter:
         env, self._env = self._env, None
         path = self.directory / part_name(len(self._parts))
         # The last commit has written every byte of the part (LMDB writes as it commits; a sync
-        # only makes it durable): hash it from the page cache while the disk syncs it.
-        hashing = _Hashing(path)
-        try:
+        # only makes it durable): hash it from the page cache while the disk syncs it. Leaving the
+        # block waits for the hashing, also on an error (done reading before the part is discarded).
+        with ThreadPoolExecutor(1, thread_name_prefix="yogacache-seal-hash") as pool:
+            hashing = pool.submit(seal_hashes, path)
             try:
                 env.sync(True)
                 entries = env.stat()["entries"]
@@ -367,10 +340,7 @@ class CacheWriter:
             if entries != count:
                 raise BuildError(f"part {path} holds {entries} records, expected {count}")
             fsync_path(path)
-        except BaseException:
-            hashing.wait()  # done reading before the caller discards the part
-            raise
-        content_hash, crc32c = hashing.result()
+            content_hash, crc32c = hashing.result()
         self._parts.append(
             PartInfo(
                 name=path.name,

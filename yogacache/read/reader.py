@@ -505,17 +505,24 @@ class CacheReader:
         if self._provider is not None:
             return self._read_lazily(indices, consume)
         envs = self._environments()
-        shifts = self._key_shifts
-        if len(envs) == 1 or len(indices) == 0:
-            keys = indices if shifts is None or not len(envs) else indices - shifts[0]
-            return self._read_parts([(envs[0], keys, None)], len(indices), consume) if envs else consume([])
-        owner = np.searchsorted(self._starts, indices, side="right") - 1
-        reads: list[tuple[Any, np.ndarray, Optional[np.ndarray]]] = []
-        for part_index in np.unique(owner):
-            positions = np.nonzero(owner == part_index)[0]
-            keys = indices[positions] if shifts is None else indices[positions] - shifts[part_index]
-            reads.append((envs[part_index], keys, positions))
+        if not envs:
+            return consume([])
+        reads = [(envs[part], keys, positions) for part, keys, positions in self._by_part(indices)]
         return self._read_parts(reads, len(indices), consume)
+
+    def _by_part(self, indices: np.ndarray) -> list[tuple[int, np.ndarray, Optional[np.ndarray]]]:
+        """``indices`` split by the part holding them: (part number, the records' keys in that
+        part, their positions in ``indices``; None when one part holds them all)."""
+        shifts = self._key_shifts
+        if len(self._starts) == 1 or len(indices) == 0:
+            return [(0, indices if shifts is None else indices - shifts[0], None)]
+        owner = np.searchsorted(self._starts, indices, side="right") - 1
+        split: list[tuple[int, np.ndarray, Optional[np.ndarray]]] = []
+        for part in np.unique(owner).tolist():
+            positions = np.nonzero(owner == part)[0]
+            keys = indices[positions] if shifts is None else indices[positions] - shifts[part]
+            split.append((part, keys, positions))
+        return split
 
     def _read_parts(
         self,
@@ -578,25 +585,17 @@ class CacheReader:
         if not len(indices) or indices.min() < 0 or indices.max() >= self.manifest.num_records:
             return None  # nothing to gather, or _read reports the bad index
         self._environments()  # reopens after fork()
-        tables = []
-        for entry, part in zip(self._held, self.manifest.parts):
-            found = entry.offsets(layout.record_size, part.num_records, wait=wait)
-            if found is None:
-                return None
-            tables.append(found)
-        shifts = self._key_shifts
         size = layout.record_size
-        if len(tables) == 1:
-            rows = indices - (shifts[0] if shifts is not None else 0) - tables[0].first_key
-            return _take_rows(tables[0], rows, size)
-        out = np.empty((len(indices), size), dtype=np.uint8)
-        owner = np.searchsorted(self._starts, indices, side="right") - 1
-        for part_index in np.unique(owner).tolist():
-            positions = np.nonzero(owner == part_index)[0]
-            keys = indices[positions] - (shifts[part_index] if shifts is not None else 0)
-            taken = _take_rows(tables[part_index], keys - tables[part_index].first_key, size)
+        out: Optional[np.ndarray] = None
+        for part, keys, positions in self._by_part(indices):  # only the parts this read touches
+            found = self._held[part].offsets(size, self.manifest.parts[part].num_records, wait=wait)
+            taken = None if found is None else _take_rows(found, keys - found.first_key, size)
             if taken is None:
                 return None
+            if positions is None:
+                return taken
+            if out is None:
+                out = np.empty((len(indices), size), dtype=np.uint8)
             out[positions] = taken
         return out
 
