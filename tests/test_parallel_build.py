@@ -380,3 +380,41 @@ def test_a_dataset_that_cannot_reach_a_worker_gets_a_clear_error(tmp_path: Path)
     with pytest.raises(BuildError, match=r"build shard 0 could not be run in a worker process: TypeError: .*lock"):
         store.build("ds", "v1", sharded(Unpicklable(), 2))
     assert leftovers(tmp_path) == []
+
+
+def test_the_driver_syncs_every_part_before_the_manifest_names_it(tmp_path: Path, monkeypatch: Any) -> None:
+    """Workers only start their parts' write-back (their core goes on to the next shard); the
+    driver syncs each finished shard's parts and writes the manifest after the last sync."""
+    import yogacache.parallel.pool as pool
+
+    events: list[str] = []
+    real_fsync, real_write = pool.fsync_path, pool.write_file_durably
+    monkeypatch.setattr(pool, "fsync_path", lambda path: (events.append(Path(path).name), real_fsync(path))[1])
+    monkeypatch.setattr(
+        pool, "write_file_durably", lambda path, data: (events.append("manifest"), real_write(path, data))[1]
+    )
+    store = CacheStore(tmp_path, show_progress=False, part_size_bytes=SMALL_PART)
+    manifest = store.build("ds", "v1", sharded(DATA, 1, build_shards=4))
+    parts = [part.name for part in manifest.parts]
+    assert len(parts) > 4
+    synced = events[: events.index("manifest")]
+    assert sorted(set(parts) - set(synced)) == []  # every part, before the manifest
+    check_records(store, "v1", DATA)
+
+
+def test_a_part_that_cannot_be_synced_fails_the_build_and_publishes_nothing(tmp_path: Path, monkeypatch: Any) -> None:
+    import yogacache.parallel.pool as pool
+
+    store = CacheStore(tmp_path, show_progress=False)
+    store.build("ds", "v1", DATA[:10])
+    old = store.manifest("ds", "v1")
+
+    def failing(path: Any) -> None:
+        if "part-00002" in str(path):
+            raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(pool, "fsync_path", failing)
+    with pytest.raises(BuildError, match=r"syncing a part of the build .* failed: .*Input/output error"):
+        store.build("ds", "v1", sharded(DATA, 1, build_shards=4))
+    assert store.manifest("ds", "v1") == old  # the old cache stays, untouched
+    assert leftovers(tmp_path) == []

@@ -498,3 +498,32 @@ def test_exactly_one_contender_takes_over_a_stale_lease(
     finally:
         for lease in leases:
             lease.release()
+
+
+def test_a_shared_directory_adopts_a_handed_over_file_by_linking_and_copies_otherwise(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Ray task's finished part is linked into a shared directory on the same filesystem (no
+    second write of its bytes); ``upload_file`` always copies (the caller keeps its file)."""
+    import errno
+
+    import yogacache.backends.files as files
+
+    store = FileObjectStore(tmp_path / "bucket")
+    source = tmp_path / "part.mdb"
+    source.write_bytes(os.urandom(3 << 20))
+    sizes: list[int] = []
+    store.adopt_file(source, "a/adopted.mdb", sizes.append)
+    store.upload_file(source, "a/copied.mdb")
+    adopted, copied = tmp_path / "bucket/a/adopted.mdb", tmp_path / "bucket/a/copied.mdb"
+    assert adopted.stat().st_ino == source.stat().st_ino and sum(sizes) == 3 << 20
+    assert copied.stat().st_ino != source.stat().st_ino and copied.read_bytes() == source.read_bytes()
+
+    def cross_device(src: Any, dst: Any) -> None:
+        raise OSError(errno.EXDEV, "Invalid cross-device link")
+
+    monkeypatch.setattr(files.os, "link", cross_device)
+    store.adopt_file(source, "a/other-filesystem.mdb")
+    other = tmp_path / "bucket/a/other-filesystem.mdb"
+    assert other.stat().st_ino != source.stat().st_ino and other.read_bytes() == source.read_bytes()
+    assert [info.key for info in store.list("a/")] == ["a/adopted.mdb", "a/copied.mdb", "a/other-filesystem.mdb"]

@@ -23,6 +23,7 @@ from yogacache.backends.base import (
     ProgressCallback,
     join_key,
 )
+from yogacache.format.durability import fsync_path
 from yogacache.locks import FileLock
 
 _COPY_CHUNK = 8 << 20
@@ -119,10 +120,23 @@ class FileObjectStore:
         return True
 
     def upload_file(self, path: Path, key: str, progress: Optional[ProgressCallback] = None) -> None:
+        self._put_file(path, key, progress, link=False)
+
+    def adopt_file(self, path: Path, key: str, progress: Optional[ProgressCallback] = None) -> None:
+        """``upload_file`` of a file its caller hands over (never to be changed again): on the
+        same filesystem it is hard-linked and synced, not copied."""
+        self._put_file(path, key, progress, link=True)
+
+    def _put_file(self, path: Path, key: str, progress: Optional[ProgressCallback], link: bool) -> None:
         target = self._path(key)
         temp = self._temp_beside(target)
         try:
-            _copy(Path(path), temp, progress)
+            if link and _hard_link(Path(path), temp):
+                fsync_path(temp)
+                if progress:
+                    progress(temp.stat().st_size)
+            else:
+                _copy(Path(path), temp, progress)
             os.replace(temp, target)
         finally:
             if temp.exists():
@@ -203,6 +217,15 @@ class FileObjectStore:
     ) -> bool:
         """Never server-side: a directory's bytes pass through this process anyway."""
         return False
+
+
+def _hard_link(source: Path, target: Path) -> bool:
+    """False where ``source`` cannot be linked (another filesystem, or one without hard links)."""
+    try:
+        os.link(source, target)
+    except OSError:
+        return False
+    return True
 
 
 def _copy(source: Path, target: Path, progress: Optional[ProgressCallback]) -> None:

@@ -95,12 +95,17 @@ class CacheWriter:
         initial_map_size: int = _INITIAL_MAP_SIZE,
         first_key: int = 0,
         deterministic: bool = False,
+        sync_parts: bool = True,
     ) -> None:
         """``first_key``: the key of the first record (a build shard's part may start past 0);
         ``deterministic``: zero LMDB's unused page space, so the same records give the same bytes
-        (a parallel build's parts hash the same whatever the number of workers)."""
+        (a parallel build's parts hash the same whatever the number of workers);
+        ``sync_parts=False``: a closed part's write-back is started, not waited for: the caller
+        syncs the parts ``finish_parts`` returns before anything names them (a parallel build's
+        driver does, while its workers go on with the next shard)."""
         self.first_key = first_key
         self.deterministic = deterministic
+        self.sync_parts = sync_parts
         self.target = target
         self.initial_map_size = initial_map_size
         self.dataset_id = dataset_id
@@ -327,7 +332,8 @@ class CacheWriter:
         with ThreadPoolExecutor(1, thread_name_prefix="yogacache-seal-hash") as pool:
             hashing = pool.submit(seal_hashes, path)
             try:
-                env.sync(True)
+                if self.sync_parts:
+                    env.sync(True)
                 entries = env.stat()["entries"]
             except lmdb.Error as error:
                 raise BuildError(
@@ -339,7 +345,10 @@ class CacheWriter:
             count = self._written - self._part_first
             if entries != count:
                 raise BuildError(f"part {path} holds {entries} records, expected {count}")
-            fsync_path(path)
+            if self.sync_parts:
+                fsync_path(path)
+            else:
+                start_writeback(path)
             content_hash, crc32c = hashing.result()
         self._parts.append(
             PartInfo(

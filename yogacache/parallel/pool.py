@@ -20,7 +20,7 @@ import queue
 import shutil
 import threading
 import uuid
-from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, ThreadPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
@@ -110,6 +110,7 @@ def _run_shard(job: dict[str, Any]) -> ShardResult:
         limits=job["limits"],
         part_size_bytes=job["part_size_bytes"],
         progress=progress,
+        sync=False,  # the driver syncs the parts while this worker writes its next shard
     )
 
 
@@ -119,6 +120,31 @@ def remove_shard_files(directory: Path, index: int) -> None:
         path.unlink(missing_ok=True)
     for path in directory.glob(f".shard-{index:05d}*"):
         shutil.rmtree(path, ignore_errors=True)
+
+
+class PartSync:
+    """Syncs the parts of finished shards on a driver thread, while the workers write the next
+    ones (a worker that waited for its own sync would leave its core idle for each shard)."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.pool = ThreadPoolExecutor(1, thread_name_prefix="yogacache-build-sync")
+        self.pending: list[Future[None]] = []
+
+    def add(self, result: ShardResult) -> None:
+        for part in result.parts:
+            self.pending.append(self.pool.submit(fsync_path, self.directory / part.name))
+
+    def wait(self) -> None:
+        """Returns once every added part is durable; the first error fails the build."""
+        try:
+            for future in self.pending:
+                try:
+                    future.result()
+                except OSError as error:
+                    raise BuildError(f"syncing a part of the build in {self.directory} failed: {error}") from error
+        finally:
+            self.pool.shutdown(wait=True, cancel_futures=True)
 
 
 class ShardedBuild:
@@ -167,9 +193,13 @@ class ShardedBuild:
         directory = temp_dir_for(target, build_id)
         directory.mkdir(mode=0o755)
         progress = progress or Progress(f"{dataset_id}:{dataset_version}", enabled=False)
+        syncing = PartSync(directory)
         try:
             totals = ProgressTotals(progress)
-            results = self._run(directory, dataset_id, dataset_version, limits, part_size_bytes, totals)
+            try:
+                results = self._run(directory, dataset_id, dataset_version, limits, part_size_bytes, totals, syncing)
+            finally:
+                syncing.wait()
             manifest = assemble_manifest(results, dataset_id, dataset_version, build_id=build_id, extra=extra)
             if limits.max_records is not None and manifest.num_records > limits.max_records:
                 raise BuildError(
@@ -219,6 +249,7 @@ class ShardedBuild:
         limits: BuildLimits,
         part_size_bytes: int,
         totals: ProgressTotals,
+        syncing: PartSync,
     ) -> list[ShardResult]:
         jobs = self._jobs(directory, dataset_id, dataset_version, limits, part_size_bytes)
         if self.workers == 1:  # in this process: the same parts, without starting one
@@ -229,14 +260,16 @@ class ShardedBuild:
                     write_shard(
                         job["shard"], job["index"], directory, dataset_id, dataset_version,
                         first_key=job["first_key"], limits=limits, part_size_bytes=part_size_bytes, progress=progress,
+                        sync=False,
                     )
                 )
+                syncing.add(results[-1])
             return results
         done: dict[int, ShardResult] = {}
         for attempt in range(self.retries + 1):
             pending = [job for job in jobs if job["index"] not in done]
             try:
-                self._run_pool(pending, done, totals)
+                self._run_pool(pending, done, totals, syncing)
                 return [done[i] for i in range(len(jobs))]
             except BrokenProcessPool:
                 lost = sorted(job["index"] for job in pending if job["index"] not in done)
@@ -255,7 +288,9 @@ class ShardedBuild:
                 )
         raise AssertionError("unreachable")
 
-    def _run_pool(self, jobs: list[dict[str, Any]], done: dict[int, ShardResult], totals: ProgressTotals) -> None:
+    def _run_pool(
+        self, jobs: list[dict[str, Any]], done: dict[int, ShardResult], totals: ProgressTotals, syncing: PartSync
+    ) -> None:
         context = multiprocessing.get_context("spawn")
         updates = context.Queue()
         stop = threading.Event()
@@ -282,6 +317,7 @@ class ShardedBuild:
                             f"{type(error).__name__}: {error}"
                         ) from None
                     done[result.index] = result
+                    syncing.add(result)
                     totals.set(result.index, result.num_records, result.num_bytes)
         except BaseException:
             _stop_pool(pool)

@@ -165,10 +165,13 @@ def write_and_upload(
             attempt=attempt,
             part_size_bytes=part_size_bytes,
             progress=progress,
+            sync=False,  # the scratch copy is never published: the upload is what must be durable
         )
+        # A shared directory on the scratch's filesystem takes the parts as they are (a link).
+        upload = getattr(store.objects, "adopt_file", store.objects.upload_file)
         for part in result.parts:
             key = store.key(dataset_id, dataset_version, f"{build_id}-{part.name}")
-            store.objects.upload_file(Path(scratch) / part.name, key)
+            upload(Path(scratch) / part.name, key)
     return result
 
 

@@ -259,11 +259,13 @@ def write_shard(
     limits: BuildLimits = BuildLimits(),
     part_size_bytes: int = DEFAULT_PART_SIZE,
     progress: Optional[Progress] = None,
+    sync: bool = True,
 ) -> ShardResult:
     """Writes build shard ``index`` as parts named by ``shard_part_name`` in ``directory``.
 
     An exception from the user's function becomes BuildShardError naming the shard; a failed
-    shard leaves nothing of itself in ``directory``.
+    shard leaves nothing of itself in ``directory``. ``sync=False``: the parts' write-back is
+    started, not waited for; the caller syncs them before a manifest names them.
     """
     where = f"build shard {index} of {dataset_id}:{dataset_version}"
     writer = CacheWriter(
@@ -275,6 +277,7 @@ def write_shard(
         progress=progress,
         first_key=first_key,
         deterministic=True,
+        sync_parts=sync,
     )
     with writer:
         keep_freed_memory()  # batch buffers are reused, as in a one-process build
