@@ -423,3 +423,53 @@ def test_large_records_across_parts_are_read_in_one_batch_exactly(tmp_path: Path
     columns = reader.read_columns(order)
     assert columns[1].tolist() == order.tolist()
     assert np.array_equal(columns[0], images[order])
+
+
+@pytest.mark.parametrize("floats, threaded", [(300, False), (8192, True)], ids=["1 KB inline", "32 KB threaded"])
+def test_small_records_are_committed_inline_and_large_ones_on_the_writer_thread(
+    tmp_path: Path, floats: int, threaded: bool
+) -> None:
+    """py-lmdb takes the interpreter lock back after each record: a writer thread storing small
+    records would fight the producer for it, so they are committed on the producer's thread."""
+    import threading
+
+    seen: list[bool] = []
+
+    def records() -> Iterator[dict[str, Any]]:
+        for i in range(400):
+            if i % 50 == 49:
+                seen.append(any(t.name.startswith("yogacache-writer-") for t in threading.enumerate()))
+            yield {"i": np.int64(i), "x": np.full(floats, i, dtype=np.float32)}
+
+    store = make_store(tmp_path, part_size_bytes=1 << 20)
+    store.build("ds", "v1", records())
+    assert any(seen) is threaded
+    got = read_all(store.open("ds", "v1"))
+    assert [int(e["i"]) for e in got] == list(range(400))
+    assert all(np.array_equal(e["x"], np.full(floats, i, dtype=np.float32)) for i, e in enumerate(got))
+    store.verify_cache("ds", "v1")
+
+
+def test_a_build_hides_the_existing_heap_from_the_collector_and_gives_it_back(tmp_path: Path) -> None:
+    import gc
+
+    counts: list[int] = []
+
+    def records() -> Iterator[dict[str, Any]]:
+        for i in range(100):
+            counts.append(gc.get_freeze_count())
+            yield {"i": np.int64(i)}
+
+    assert gc.get_freeze_count() == 0
+    make_store(tmp_path / "a").build("ds", "v1", records())
+    assert min(counts) > 0  # frozen while records were written
+    assert gc.get_freeze_count() == 0  # and given back after
+    # A program that freezes objects itself keeps its own freeze, untouched.
+    gc.freeze()
+    try:
+        frozen = gc.get_freeze_count()
+        counts.clear()
+        make_store(tmp_path / "b").build("ds", "v1", records())
+        assert set(counts) == {frozen} and gc.get_freeze_count() == frozen
+    finally:
+        gc.unfreeze()

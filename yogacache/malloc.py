@@ -1,10 +1,14 @@
-"""glibc malloc settings for moving multi-megabyte batch buffers (reading and building)."""
+"""Memory settings for builds and reads: glibc malloc for multi-megabyte batch buffers, and the
+cyclic garbage collector during a build."""
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
+import gc
 import os
 import sys
+from typing import Iterator
 
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_THRESHOLD = -3
@@ -28,3 +32,25 @@ def keep_freed_memory() -> None:
         libc.mallopt(_M_TRIM_THRESHOLD, 256 << 20)
     except (OSError, AttributeError):  # not glibc
         pass
+
+
+@contextlib.contextmanager
+def frozen_heap() -> Iterator[None]:
+    """Keeps the cyclic garbage collector off the objects that exist when a build starts.
+
+    A build allocates a record's worth of tracked objects (the buffer views LMDB stores, their
+    key pairs) per record; every ~90,000 of them that live through a transaction trigger a
+    full collection, which walks the whole heap: with TensorFlow imported, about 360,000
+    objects and 0.2 s per collection, as much as writing 30 MB. ``gc.freeze()`` moves the
+    existing objects to the permanent generation, so collections during the build walk only
+    what the build made; leaving unfreezes them. A program that froze objects itself, or
+    turned the collector off, is left as it is.
+    """
+    if gc.get_freeze_count() or not gc.isenabled():
+        yield
+        return
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()

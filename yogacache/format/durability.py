@@ -63,6 +63,11 @@ def _load_sync_file_range() -> Any:
 _sync_file_range = _load_sync_file_range()
 
 
+def can_start_writeback() -> bool:
+    """Whether ``start_writeback`` can work here (Linux's ``sync_file_range``)."""
+    return _sync_file_range is not None
+
+
 def start_writeback(path: Path) -> bool:
     """Asks the kernel to start writing ``path``'s dirty pages to disk without waiting for
     it (``sync_file_range``); False where that is unavailable."""
