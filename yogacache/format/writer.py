@@ -29,9 +29,9 @@ import numpy as np
 from yogacache.errors import BuildError, CacheLimitExceededError
 from yogacache.format.codec import CODEC_NAME
 from yogacache.format.durability import (
+    can_start_writeback,
     fsync_path,
     replace_directory,
-    can_start_writeback,
     start_writeback,
     temp_dir_for,
     write_file_durably,
