@@ -10,6 +10,9 @@ and every builder decodes them with Pillow (``_jpeg.py``). The peers run in ``be
 Every row is run ``--reps`` times (default 3), the rows interleaved, and its fastest run is kept:
 the shared 2-core machines this runs on vary by 30% from one run to the next.
 
+Two ceiling rows decode the source and write nothing, in one process and in two: their ratio is
+the most any builder can gain from a second process on the machine it runs on.
+
 Usage: ``python benchmarks/bench_build.py [--records N] [--reps 3] [--only yogacache-w2,...]``
 """
 
@@ -38,6 +41,8 @@ ROWS = {
     "yogacache-ray2": "yogacache on Ray, 2 CPUs (ray.init included)",
     "litdata": "LitData optimize(num_workers=2)",
     "mds": "MosaicML MDSWriter (one process)",
+    "decode-1proc": "ceiling: JPEG decode alone, one process (nothing written)",
+    "decode-2proc": "ceiling: JPEG decode alone, 2 spawned processes (nothing written)",
 }
 BASELINE = "yogacache-w1"
 ONE_PROCESS = "yogacache-1proc"
@@ -52,6 +57,8 @@ def measure(kind: str, jpegs: str, directory: str) -> dict[str, Any]:
 
     source = JpegRecords(jpegs)
     start = time.perf_counter()
+    if kind.startswith("decode-"):
+        return _decode_only(kind, source, start)
     if kind == "yogacache-ray2":
         import ray
 
@@ -73,6 +80,24 @@ def measure(kind: str, jpegs: str, directory: str) -> dict[str, Any]:
     if manifest.num_records != len(source):
         raise RuntimeError(f"{kind} cached {manifest.num_records} records, expected {len(source)}")
     return {"seconds": seconds, "records": manifest.num_records, "bytes": manifest.num_bytes}
+
+
+def _decode_only(kind: str, source: Any, start: float) -> dict[str, Any]:
+    """The ceiling rows: the source decoded and dropped, in this process or split in two halves
+    between two spawned processes (their start included), as a build's workers would be."""
+    from _jpeg import decode_range
+
+    records = len(source)
+    if kind == "decode-1proc":
+        decoded = decode_range(source.path, 0, records)
+    else:
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+
+        half = records // 2
+        with ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("spawn")) as pool:
+            decoded = sum(pool.map(decode_range, [source.path] * 2, [0, half], [half, records]))
+    return {"seconds": time.perf_counter() - start, "records": records, "bytes": decoded}
 
 
 def run_one(kind: str, jpegs: str, peers: Optional[str]) -> dict[str, Any]:
@@ -114,6 +139,10 @@ def table(results: dict[str, dict[str, Any]], records: int) -> str:
         ratio = f"{base / seconds:.2f}x" if base else "-"
         versus_single = f"{single / seconds:.2f}x" if single else "-"
         lines.append(f"| {label} | {seconds:.2f} | {records / seconds:,.0f} | {ratio} | {versus_single} |")
+    one, two = (results.get(kind, {}).get("seconds") for kind in ("decode-1proc", "decode-2proc"))
+    if one and two:
+        lines.append("")
+        lines.append(f"Ceiling: two processes decode the source {one / two:.2f}x as fast as one on this machine.")
     return "\n".join(lines)
 
 
