@@ -13,6 +13,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -256,3 +257,41 @@ def test_too_few_descriptors_say_so_instead_of_corrupt(many_parts: Path) -> None
                                  "raise ulimit -n"), out.stdout
     assert "Corrupt" not in out.stdout + out.stderr
 
+
+
+def test_a_cache_reopens_at_once_after_a_reader_closes(tmp_path: Path) -> None:
+    """Closing a reader hands its part to the registry, which closes the LMDB environment under
+    its lock: a reader opened right after (here while the closed one's offsets builder may still
+    be finishing on its own thread) never meets py-lmdb's "already open in this process"."""
+    store = make_store(tmp_path)
+    store.build("wide", "v1", [(np.int64(i), np.full(256, i, np.int64)) for i in range(20_000)])
+    for round_ in range(300):
+        reader = store.open("wide", "v1")
+        ids_, rows = reader.read_columns(np.arange(round_, round_ + 50))
+        np.testing.assert_array_equal(ids_, np.arange(round_, round_ + 50))
+        np.testing.assert_array_equal(rows[:, 0], ids_)
+        reader.close()
+        del reader
+
+
+def test_readers_closed_on_other_threads_never_block_a_new_open(tmp_path: Path) -> None:
+    store = make_store(tmp_path)
+    store.build("ds", "v1", records(0))
+    failures: list[BaseException] = []
+
+    def churn() -> None:
+        try:
+            for _ in range(150):
+                with store.open("ds", "v1") as reader:
+                    assert ids(reader) == list(range(N))
+        except BaseException as error:  # reported by the main thread
+            failures.append(error)
+
+    threads = [threading.Thread(target=churn) for _ in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert failures == []
+    with store.open("ds", "v1") as reader:
+        assert ids(reader) == list(range(N))

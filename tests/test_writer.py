@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import datetime
 import json
+import os
 import struct
 from collections.abc import Iterator
 from pathlib import Path
@@ -473,3 +474,29 @@ def test_a_build_hides_the_existing_heap_from_the_collector_and_gives_it_back(tm
         assert set(counts) == {frozen} and gc.get_freeze_count() == frozen
     finally:
         gc.unfreeze()
+
+
+def test_parts_stay_lmdb_0_9_files_whatever_lmdb_default_lib_version_says(tmp_path: Path) -> None:
+    """py-lmdb 3 bundles LMDB 1.0, whose files older py-lmdb and YogaDL cannot open, and writes
+    them where LMDB_DEFAULT_LIB_VERSION=1 is set. The writer names LMDB 0.9's format."""
+    import subprocess
+    import sys
+    import textwrap
+
+    build = textwrap.dedent(
+        """
+        import sys
+        import numpy as np
+        from yogacache.store.local import CacheStore
+        store = CacheStore(sys.argv[1], show_progress=False)
+        store.build("ds", "v1", [{"i": np.int64(i), "x": np.full(8, i, np.float32)} for i in range(500)])
+        """
+    )
+    repo = Path(__file__).resolve().parent.parent
+    env = {**os.environ, "PYTHONPATH": str(repo), "LMDB_DEFAULT_LIB_VERSION": "1"}
+    subprocess.run([sys.executable, "-c", build, str(tmp_path)], env=env, check=True, timeout=120)
+    manifest = Manifest.load(tmp_path / "ds" / "v1")
+    meta = (tmp_path / "ds" / "v1" / manifest.parts[0].name).read_bytes()[16:24]
+    assert struct.unpack("<II", meta) == (0xBEEFC0DE, 1)  # magic, data format v1 (LMDB 0.9)
+    with make_store(tmp_path).open("ds", "v1") as reader:
+        assert [int(e["i"]) for e in read_all(reader)] == list(range(500))

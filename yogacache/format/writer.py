@@ -57,6 +57,9 @@ _TXN_RECORDS = 8192
 _INLINE_RECORD_BYTES = 16 << 10
 _WRITEBACK_EVERY_BYTES = 64 << 20
 _INITIAL_MAP_SIZE = 1 << 30
+# Parts are LMDB 0.9 files (data format v1), which every py-lmdb and YogaDL opens. py-lmdb 3
+# bundles LMDB 1.0 too and writes its format where LMDB_DEFAULT_LIB_VERSION asks: name 0.9.
+_LMDB_FORMAT: dict[str, Any] = {"lib_version": 0} if int(lmdb.__version__.split(".")[0]) >= 3 else {}
 
 
 @dataclass(frozen=True)
@@ -231,6 +234,7 @@ class CacheWriter:
             metasync=False,
             meminit=self.deterministic,
             max_dbs=0,
+            **_LMDB_FORMAT,
         )
         self._part_first = self._written
         self._part_bytes = 0

@@ -138,15 +138,38 @@ class _PartEnvironment:
 
 # LMDB refuses to open one file twice in a process, and an environment must never cross
 # fork(): readers of the same part share one environment per process, keyed by the file's
-# (st_dev, st_ino). An entry of another process was inherited across fork(). An environment
-# closes (and releases its descriptor) when no reader of this process holds it any more.
-_environments: weakref.WeakValueDictionary[tuple[int, int], _PartEnvironment] = weakref.WeakValueDictionary()
-_environments_lock = threading.Lock()
+# (st_dev, st_ino). A slot of another process was inherited across fork().
+#
+# The registry owns each environment and closes it itself, under its lock, once no reader of
+# the process holds the part (its ``_PartEnvironment`` is gone). Were the environment closed by
+# its last reference instead, that could happen on any thread (a finished offsets builder, a
+# collected reader) with the interpreter lock released inside LMDB's close, while py-lmdb still
+# counts the file as open: a reader opened meanwhile on another thread would be refused.
+class _Slot:
+    __slots__ = ("holder", "env", "pid")
+
+    def __init__(self, holder: weakref.ref[_PartEnvironment], env: Any, pid: int) -> None:
+        self.holder = holder
+        self.env = env
+        self.pid = pid
+
+
+_environments: dict[tuple[int, int], _Slot] = {}
+_environments_lock = threading.RLock()  # re-entered when a collection releases a part meanwhile
+
+
+def _released(key: tuple[int, int], holder: weakref.ref[_PartEnvironment]) -> None:
+    """Closes the environment of ``key`` once its last holder is gone (unless it was replaced)."""
+    with _environments_lock:
+        slot = _environments.get(key)
+        if slot is not None and slot.holder is holder:
+            del _environments[key]
+            slot.env.close()
 
 
 def _reset_lock_after_fork() -> None:
     global _environments_lock
-    _environments_lock = threading.Lock()  # another thread may have held it at fork()
+    _environments_lock = threading.RLock()  # another thread may have held it at fork()
 
 
 if hasattr(os, "register_at_fork"):
@@ -250,17 +273,20 @@ def _environment(key: tuple[int, int], descriptor: Callable[[], int], readahead:
     """
     pid = os.getpid()
     with _environments_lock:
-        entry = _environments.get(key)
-        if entry is not None and entry.pid == pid:
-            return entry
+        slot = _environments.get(key)
+        if slot is not None:
+            found = slot.holder()
+            if found is not None and slot.pid == pid:
+                return found
         fd = descriptor()
         try:
-            if entry is not None:
-                # Inherited across fork(): never used here. py-lmdb refuses a second
-                # environment on a file while one is open, so close this process's copy
-                # (read-only, lock-free: the parent's stays untouched); ``fd`` holds the file.
+            if slot is not None:
+                # Inherited across fork() (never used here), or released and not closed yet.
+                # py-lmdb refuses a second environment on a file while one is open, so close
+                # this process's copy (read-only, lock-free: another process's stays
+                # untouched); ``fd`` holds the file.
                 del _environments[key]
-                entry.env.close()
+                slot.env.close()
             reach = _reach(fd)
             try:
                 env = lmdb.open(
@@ -279,7 +305,7 @@ def _environment(key: tuple[int, int], descriptor: Callable[[], int], readahead:
         finally:
             os.close(fd)
         entry = _PartEnvironment(env, pid, data)
-        _environments[key] = entry
+        _environments[key] = _Slot(weakref.ref(entry, functools.partial(_released, key)), env, pid)
         return entry
 
 
@@ -336,7 +362,6 @@ class CacheReader:
         self._lazy: dict[int, _PartEnvironment] = {}
         if part_provider is not None:
             self._held = []
-            self._envs: list[Any] = []
             self._pid = os.getpid()
             return
         parts = self.manifest.parts
@@ -358,7 +383,6 @@ class CacheReader:
                     os.close(fd)
                 self._identities.append(identity)
         self._held = held
-        self._envs = [entry.env for entry in held]
         self._pid = os.getpid()
 
     def _attach(self, part: PartInfo, identity: FileIdentity, descriptor: Callable[[], int]) -> _PartEnvironment:
@@ -392,7 +416,6 @@ class CacheReader:
                 descriptor = functools.partial(self._descriptor_of, part, identity, inherited)
                 held.append(self._attach(part, identity, descriptor))
         self._held = held
-        self._envs = [entry.env for entry in held]
         self._pid = os.getpid()
 
     def _descriptor_of(
@@ -462,7 +485,6 @@ class CacheReader:
         self._closed = True
         self._release_lazy()
         self._held = []
-        self._envs = []
         self._pid = -1
 
     @property
@@ -487,11 +509,13 @@ class CacheReader:
     def spec(self) -> Any:
         return self.manifest.element_spec
 
-    def _environments(self) -> list[Any]:
+    def _environments(self) -> list[_PartEnvironment]:
+        """This process's environments of the parts; a read keeps the list while it runs
+        (a part's environment closes when no list holds it)."""
         if self._pid != os.getpid():
             # Never reuse an environment opened before fork(): open our own.
             self._reopen()
-        return self._envs
+        return self._held
 
     def read_values(self, indices: Sequence[int] | np.ndarray) -> list[bytes]:
         """The encoded records at ``indices``, in that order."""
@@ -504,10 +528,10 @@ class CacheReader:
             raise IndexError(f"record index out of range [0, {self.manifest.num_records})")
         if self._provider is not None:
             return self._read_lazily(indices, consume)
-        envs = self._environments()
-        if not envs:
+        held = self._environments()
+        if not held:
             return consume([])
-        reads = [(envs[part], keys, positions) for part, keys, positions in self._by_part(indices)]
+        reads = [(held[part].env, keys, positions) for part, keys, positions in self._by_part(indices)]
         return self._read_parts(reads, len(indices), consume)
 
     def _by_part(self, indices: np.ndarray) -> list[tuple[int, np.ndarray, Optional[np.ndarray]]]:
@@ -638,8 +662,8 @@ class CacheReader:
         try:
             for part_index in owners[np.sort(first)].tolist():
                 positions = np.nonzero(owners == part_index)[0]
-                env = self._lazy_environment(int(part_index)).env
-                with env.begin(buffers=True) as txn:
+                entry = self._lazy_environment(int(part_index))  # held while its part is read
+                with entry.env.begin(buffers=True) as txn:
                     keys = indices[positions].astype(">u8").view("V8").tolist()
                     for position, key in zip(positions.tolist(), keys):
                         value = txn.get(key)
@@ -695,7 +719,6 @@ class CacheReader:
         # the manifest, each part's identity, and where this process holds each part.
         state = dict(self.__dict__)
         state["_held"] = []
-        state["_envs"] = []
         state["_pid"] = -1
         state["_lazy"] = {}
         del state["codec"]  # holds a msgpack Packer, which does not pickle: rebuilt on arrival
