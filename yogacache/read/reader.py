@@ -284,8 +284,9 @@ def _environment(key: tuple[int, int], descriptor: Callable[[], int], readahead:
                 # Inherited across fork() (never used here), or released and not closed yet.
                 # py-lmdb refuses a second environment on a file while one is open, so close
                 # this process's copy (read-only, lock-free: another process's stays
-                # untouched); ``fd`` holds the file.
-                del _environments[key]
+                # untouched); ``fd`` holds the file. A collection may have released it meanwhile.
+                if _environments.get(key) is slot:
+                    del _environments[key]
                 slot.env.close()
             reach = _reach(fd)
             try:
