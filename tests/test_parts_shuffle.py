@@ -591,6 +591,12 @@ def test_parts_mode_reaches_torch_tf_and_the_datalayer(ref: CacheDataRef, tmp_pa
     loader = CacheDataLoader(dataset, batch_size=8, num_workers=2, multiprocessing_context="fork")
     assert [int(i) for batch in loader for i in batch["i"]] == expected
     assert dataset.state_dict(3)["mode"] == "parts"
+    tuned = {**args, "num_shards": 4, "shard_rank": 3, "parts_window": 1, "ranks_per_node": 2}
+    expected_tuned = ids(ref.stream(**tuned))
+    assert expected_tuned != ids(ref.stream(**{**tuned, "parts_window": 3, "ranks_per_node": 1}))
+    tuned_dataset = CacheIterableDataset(ref, output="numpy", **tuned)
+    assert [int(e["i"]) for e in tuned_dataset] == expected_tuned
+    assert tuned_dataset.state_dict(3)["ranks_per_node"] == 2
     tf_ids = [int(e["i"]) for e in make_tf_dataset(ref.stream(**args)).as_numpy_iterator()]
     assert tf_ids == expected
 

@@ -34,7 +34,7 @@ from yogacache import launcher
 from yogacache.arguments import skip_shuffle_flag
 from yogacache.format.spec import STRING, Spec, TensorSpec, flatten, spec_leaves, unflatten
 from yogacache.read.options import DEFAULT_SHUFFLE_MODE, ReadOptions
-from yogacache.read.parts_shuffle import PartLayout
+from yogacache.read.parts_shuffle import DEFAULT_PARTS_WINDOW, PartLayout
 from yogacache.read.pipeline import ReaderSource, ReadSizes, plan_reads, warn_random_streaming
 from yogacache.read.reader import CacheReader
 from yogacache.read.schedule import ReadSchedule
@@ -186,6 +186,8 @@ class CacheIterableDataset(IterableDataset):  # type: ignore[type-arg]
         drop_last: with ``batched``, drop a last batch smaller than ``batch_size``.
         output: ``"torch"`` or ``"numpy"``.
         skip_shuffle_end_of_epoch: Determined's spelling of ``skip_shuffle_at_epoch_end``.
+        parts_window, ranks_per_node: tune ``shuffle_mode="parts"`` (see ``ReadOptions``), as
+            ``DataRef.stream``'s do.
     """
 
     def __init__(
@@ -206,6 +208,8 @@ class CacheIterableDataset(IterableDataset):  # type: ignore[type-arg]
         drop_last: bool = False,
         output: str = "torch",
         skip_shuffle_end_of_epoch: Optional[bool] = None,
+        parts_window: int = DEFAULT_PARTS_WINDOW,
+        ranks_per_node: Optional[int] = None,
     ) -> None:
         reader = open_reader(source)
         ranks = launcher.resolve(shard_rank, num_shards)
@@ -219,6 +223,8 @@ class CacheIterableDataset(IterableDataset):  # type: ignore[type-arg]
             drop_shard_remainder,
             shuffle_mode=shuffle_mode,
             resume_state=resume_state,
+            parts_window=parts_window,
+            ranks_per_node=ranks_per_node,
         )
         self._configure(reader, options, batch_size, batched, drop_last, output)
 
