@@ -7,6 +7,9 @@ import datetime
 import json
 import os
 import struct
+import subprocess
+import sys
+import textwrap
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -479,10 +482,6 @@ def test_a_build_hides_the_existing_heap_from_the_collector_and_gives_it_back(tm
 def test_parts_stay_lmdb_0_9_files_whatever_lmdb_default_lib_version_says(tmp_path: Path) -> None:
     """py-lmdb 3 bundles LMDB 1.0, whose files older py-lmdb and YogaDL cannot open, and writes
     them where LMDB_DEFAULT_LIB_VERSION=1 is set. The writer names LMDB 0.9's format."""
-    import subprocess
-    import sys
-    import textwrap
-
     build = textwrap.dedent(
         """
         import sys

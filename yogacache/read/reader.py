@@ -146,16 +146,23 @@ class _PartEnvironment:
 # collected reader) with the interpreter lock released inside LMDB's close, while py-lmdb still
 # counts the file as open: a reader opened meanwhile on another thread would be refused.
 class _Slot:
-    __slots__ = ("holder", "env", "pid")
+    __slots__ = ("holder", "env")
 
-    def __init__(self, holder: weakref.ref[_PartEnvironment], env: Any, pid: int) -> None:
+    def __init__(self, holder: weakref.ref[_PartEnvironment], env: Any) -> None:
         self.holder = holder
-        self.env = env
-        self.pid = pid
+        self.env = env  # outlives the holder until the registry closes it
 
 
 _environments: dict[tuple[int, int], _Slot] = {}
 _environments_lock = threading.RLock()  # re-entered when a collection releases a part meanwhile
+
+
+def _close(key: tuple[int, int], slot: _Slot) -> None:
+    """Closes ``slot``'s environment, and takes it out of the registry if it is still there
+    (the caller holds the lock)."""
+    if _environments.get(key) is slot:
+        del _environments[key]
+    slot.env.close()
 
 
 def _released(key: tuple[int, int], holder: weakref.ref[_PartEnvironment]) -> None:
@@ -163,8 +170,7 @@ def _released(key: tuple[int, int], holder: weakref.ref[_PartEnvironment]) -> No
     with _environments_lock:
         slot = _environments.get(key)
         if slot is not None and slot.holder is holder:
-            del _environments[key]
-            slot.env.close()
+            _close(key, slot)
 
 
 def _reset_lock_after_fork() -> None:
@@ -276,7 +282,7 @@ def _environment(key: tuple[int, int], descriptor: Callable[[], int], readahead:
         slot = _environments.get(key)
         if slot is not None:
             found = slot.holder()
-            if found is not None and slot.pid == pid:
+            if found is not None and found.pid == pid:
                 return found
         fd = descriptor()
         try:
@@ -285,9 +291,7 @@ def _environment(key: tuple[int, int], descriptor: Callable[[], int], readahead:
                 # py-lmdb refuses a second environment on a file while one is open, so close
                 # this process's copy (read-only, lock-free: another process's stays
                 # untouched); ``fd`` holds the file. A collection may have released it meanwhile.
-                if _environments.get(key) is slot:
-                    del _environments[key]
-                slot.env.close()
+                _close(key, slot)
             reach = _reach(fd)
             try:
                 env = lmdb.open(
@@ -306,7 +310,7 @@ def _environment(key: tuple[int, int], descriptor: Callable[[], int], readahead:
         finally:
             os.close(fd)
         entry = _PartEnvironment(env, pid, data)
-        _environments[key] = _Slot(weakref.ref(entry, functools.partial(_released, key)), env, pid)
+        _environments[key] = _Slot(weakref.ref(entry, functools.partial(_released, key)), env)
         return entry
 
 
