@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import json
 import signal
+import sys
 import threading
 import time
+import traceback
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -54,6 +56,16 @@ def _fault(cloud: Cloud, status: int) -> dict[str, Any]:
         body = gcs_error_body(status)
         return {"action": "status", "status": status, "body": body, "content_type": "application/json"}
     return {"action": "status", "status": status}
+
+
+def _stacks(threads: list[threading.Thread]) -> str:
+    """Where ``threads`` are now (what a thread that outlives its reader is waiting for)."""
+    frames = sys._current_frames()
+    return "\n".join(
+        f"{thread.name}:\n{''.join(traceback.format_stack(frames[thread.ident]))}"
+        for thread in threads
+        if thread.ident in frames
+    )
 
 
 def _labels_in_order(reader: Any, indices: range) -> list[int]:
@@ -237,6 +249,7 @@ def test_close_stops_the_retries_of_fetches_ahead(
     node = tmp_path / "node"
     failing = manifest.parts[-1].name
     proxy.add_rule(method="GET", path_contains=failing, **_fault(cloud, 503))
+    before = set(threading.enumerate())  # another test's threads are not this reader's
     reader = open_store(node_config(cloud, bucket, prefix, node, proxy.url, streaming=True), show_progress=False).open(
         DS, VER
     )
@@ -246,11 +259,13 @@ def test_close_stops_the_retries_of_fetches_ahead(
     while not proxy.requests("GET", failing) and time.monotonic() < deadline:
         time.sleep(0.02)
     assert proxy.requests("GET", failing), "the last part was never fetched ahead"
+    fetching = [t for t in set(threading.enumerate()) - before if t.name.startswith("yogacache-stream")]
+    assert fetching, "no thread fetches ahead"
     reader.close()
     at_close = len(proxy.requests("GET", failing))
-    while any(t.name.startswith("yogacache-stream") for t in threading.enumerate()) and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert not [t.name for t in threading.enumerate() if t.name.startswith("yogacache-stream")]
+    for thread in fetching:
+        thread.join(timeout=30)
+    assert not [t for t in fetching if t.is_alive()], _stacks([t for t in fetching if t.is_alive()])
     # At most the attempt under way when close() ran; the retry policy would have made five.
     assert len(proxy.requests("GET", failing)) <= at_close + 1 < RetryPolicy().attempts
     assert list(parts_dir(node).glob(".*.tmp-*")) == []

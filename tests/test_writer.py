@@ -474,7 +474,9 @@ def test_a_build_hides_the_existing_heap_from_the_collector_and_gives_it_back(tm
         frozen = gc.get_freeze_count()
         counts.clear()
         make_store(tmp_path / "b").build("ds", "v1", records())
-        assert set(counts) == {frozen} and gc.get_freeze_count() == frozen
+        # Never frozen again (the count would grow) nor given back (it would drop to 0); it may
+        # shrink as frozen objects are freed, by this thread or another.
+        assert 0 < min(counts) and max(counts) <= frozen and 0 < gc.get_freeze_count() <= frozen
     finally:
         gc.unfreeze()
 
