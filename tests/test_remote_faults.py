@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
 import traceback
 from collections.abc import Callable, Iterator
@@ -29,7 +30,7 @@ import numpy as np
 import pytest
 
 from tests.faultproxy import FaultProxy, gcs_error_body
-from yogacache.backends.base import RemoteError, RetryPolicy
+from yogacache.backends.base import RemoteError, RetryPolicy, TransferCancelled, stop_retries_when
 from yogacache.backends.gcs import GCSObjectStore
 from yogacache.backends.s3 import S3ObjectStore
 from yogacache.errors import CacheNotFoundError, CorruptCacheError
@@ -258,6 +259,36 @@ def test_retry_policy_attempts_are_http_attempts(
     with pytest.raises(RemoteError, match="after 3 attempt"):
         objects.read(f"{DS}/{VER}/{MANIFEST_NAME}")
     assert len(s3_proxy.requests("GET", MANIFEST_NAME)) == 3
+
+
+@pytest.mark.parametrize("fault", ["timeout", "reset"])
+def test_download_attempts_are_http_attempts_and_a_stop_ends_them(
+    s3_server: Any, s3_proxy: FaultProxy, tmp_path: Path, fault: str
+) -> None:
+    """A file download makes RetryPolicy's attempts, not s3transfer's five per attempt: a read
+    timeout or a reset stream is retried by the policy alone, so a set stop (a closed reader's
+    fetch ahead) ends the download after the request under way."""
+    bucket = s3_server.new_bucket()
+    key = f"{DS}/{VER}/part.mdb"
+    S3ObjectStore(bucket, PREFIX, endpoint_url=s3_server.endpoint_url).write(key, b"x" * 4096)
+    objects = S3ObjectStore(bucket, PREFIX, endpoint_url=s3_proxy.url, retry=FAST, timeout=1.0)
+    s3_proxy.add_rule(method="GET", path_contains="part.mdb", **FAULTS[fault])
+    with pytest.raises(RemoteError, match="after 3 attempt"):
+        objects.download_file(key, tmp_path / "part.mdb")
+    assert wait_for(lambda: len(s3_proxy.requests("GET", "part.mdb")) >= 3)
+    time.sleep(1.5)  # a retry of s3transfer's own would have come by now
+    assert len(s3_proxy.requests("GET", "part.mdb")) == 3
+    assert not (tmp_path / "part.mdb").exists()
+
+    stop = threading.Event()
+    threading.Timer(0.3, stop.set).start()
+    s3_proxy.clear_rules()
+    s3_proxy.add_rule(method="GET", path_contains="part.mdb", **FAULTS[fault])
+    started = time.monotonic()
+    with stop_retries_when(stop), pytest.raises(TransferCancelled):
+        S3ObjectStore(bucket, PREFIX, endpoint_url=s3_proxy.url, timeout=1.0).download_file(key, tmp_path / "p2.mdb")
+    assert time.monotonic() - started < 4.0  # the attempt under way, not five of s3transfer's
+    assert not (tmp_path / "p2.mdb").exists()
 
 
 @pytest.mark.parametrize("fault", ["500", "403", "reset"])

@@ -26,6 +26,7 @@ from yogacache.format.checksum import Crc32c, crc32c_of, is_crc32c
 
 try:
     import boto3
+    import boto3.exceptions
     import botocore.config
     import botocore.exceptions
     from boto3.s3.transfer import TransferConfig
@@ -102,6 +103,10 @@ class S3ObjectStore:
             multipart_chunksize=multipart_bytes,
             max_concurrency=max_concurrency,
             use_threads=True,
+            # s3transfer would retry a timed-out or broken GET five times on its own, inside
+            # one of RetryPolicy's attempts: attempts multiplied, a timeout reported five times
+            # later, and a stop (a closed reader's fetch ahead) unseen until all five were over.
+            num_download_attempts=1,
         )
 
     @classmethod
@@ -227,6 +232,9 @@ class S3ObjectStore:
                 if _code(error) in _ABSENT:
                     raise FileNotFoundError(f"{self.url(key)} does not exist") from None
                 raise
+            except boto3.exceptions.RetriesExceededError as error:
+                # Its one attempt failed: the policy judges (and names) what went wrong.
+                raise error.last_exception or error from None
 
         self._run("download of", key, call)
 
