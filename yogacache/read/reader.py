@@ -539,15 +539,23 @@ class CacheReader:
         reads = [(held[part].env, keys, positions) for part, keys, positions in self._by_part(indices)]
         return self._read_parts(reads, len(indices), consume)
 
-    def _by_part(self, indices: np.ndarray) -> list[tuple[int, np.ndarray, Optional[np.ndarray]]]:
+    def _by_part(
+        self, indices: np.ndarray, *, request_order: bool = False
+    ) -> list[tuple[int, np.ndarray, Optional[np.ndarray]]]:
         """``indices`` split by the part holding them: (part number, the records' keys in that
-        part, their positions in ``indices``; None when one part holds them all)."""
+        part, their positions in ``indices``; None when one part holds them all). The one lookup
+        of a record's part and key, for eager, gathered and lazy (streamed) reads alike: parts of
+        build shards key their records from 0 (``PartInfo.key_shift``). Parts come in part order,
+        or in the order ``indices`` first touch them (``request_order``)."""
         shifts = self._key_shifts
         if len(self._starts) == 1 or len(indices) == 0:
             return [(0, indices if shifts is None else indices - shifts[0], None)]
         owner = np.searchsorted(self._starts, indices, side="right") - 1
+        parts, first = np.unique(owner, return_index=True)
+        if request_order:
+            parts = owner[np.sort(first)]
         split: list[tuple[int, np.ndarray, Optional[np.ndarray]]] = []
-        for part in np.unique(owner).tolist():
+        for part in parts.tolist():
             positions = np.nonzero(owner == part)[0]
             keys = indices[positions] if shifts is None else indices[positions] - shifts[part]
             split.append((part, keys, positions))
@@ -662,15 +670,12 @@ class CacheReader:
             self._lazy = {}  # environments never cross fork(); the parent's pins are its own
             self._pid = os.getpid()
         values: list[Any] = [None] * len(indices)
-        owners = np.searchsorted(self._starts, indices, side="right") - 1
-        _, first = np.unique(owners, return_index=True)
         try:
-            for part_index in owners[np.sort(first)].tolist():
-                positions = np.nonzero(owners == part_index)[0]
-                entry = self._lazy_environment(int(part_index))  # held while its part is read
+            for part, keys, positions in self._by_part(indices, request_order=True):
+                entry = self._lazy_environment(part)  # held while its part is read
+                at = range(len(indices)) if positions is None else positions.tolist()
                 with entry.env.begin(buffers=True) as txn:
-                    keys = indices[positions].astype(">u8").view("V8").tolist()
-                    for position, key in zip(positions.tolist(), keys):
+                    for position, key in zip(at, keys.astype(">u8").view("V8").tolist()):
                         value = txn.get(key)
                         values[position] = None if value is None else bytes(value)
         except lmdb.Error as error:
