@@ -370,3 +370,38 @@ def test_rebuild_uses_a_cache_another_process_already_rebuilt(tmp_path: Path) ->
     fresh = ensure_fresh(store, "d", "v1", stale, must_not_build)
     assert fresh.manifest.build_id == rebuilt.build_id
     fresh.close()
+
+
+@pytest.mark.parametrize("extension", [".tar", ".tar.gz", ".tar.zst", ".zip"])
+def test_a_zero_byte_shard_among_valid_ones_is_refused_naming_it(tmp_path: Path, extension: str) -> None:
+    """An empty object is no archive (tarfile: "empty file", GNU tar: "does not look like a tar
+    archive"): the build fails naming it, instead of caching the other shards' records only."""
+    shards = tmp_path / "shards"
+    shards.mkdir()
+    for shard in range(3):
+        members = {f"s{shard}-{i}.txt": f"{shard}:{i}".encode() for i in range(5)}
+        (shards / f"train-{shard}{extension}").write_bytes(archive_bytes(members, extension))
+    (shards / f"train-1b{extension}").write_bytes(b"")  # listed between two valid shards
+    storage = tmp_path / "caches"
+    with pytest.raises(CorruptSourceError, match=rf"train-1b{extension.replace('.', '[.]')} is (empty|corrupt)"):
+        cache_from(storage, from_url(str(shards) + "/", format="archive"))
+    assert cache_files(storage) == []
+    (shards / f"train-1b{extension}").unlink()
+    records = read_back(cache_from(storage, from_url(str(shards) + "/", format="archive")))
+    assert len(records) == 15  # nothing of the valid shards was lost
+
+
+@pytest.mark.parametrize("mode", ["w:gz", "zstd"])
+def test_a_compressed_stream_of_no_bytes_is_no_tar(tmp_path: Path, mode: str) -> None:
+    """A valid gzip / zstd frame holding zero bytes is no tar either (tarfile: "empty file")."""
+    import gzip
+
+    import zstandard
+
+    path = tmp_path / ("nothing.tar.gz" if mode == "w:gz" else "nothing.tar.zst")
+    path.write_bytes(gzip.compress(b"") if mode == "w:gz" else zstandard.ZstdCompressor().compress(b""))
+    good = tmp_path / "good.tar"
+    good.write_bytes(tar_bytes({"a.txt": b"1"}))
+    with pytest.raises(CorruptSourceError, match=rf"{path.name.replace('.', '[.]')} is empty"):
+        cache_from(tmp_path / "c", from_url([str(good), str(path)], format="archive"))
+    assert cache_files(tmp_path / "c") == []

@@ -224,11 +224,23 @@ def tar_members(stream: BinaryIO, where: str, budget: ByteBudget) -> Iterator[Me
             yield name, reader(size)
     except CorruptSourceError:
         raise
+    except EmptyArchiveError:
+        raise CorruptSourceError(
+            f"{where} is empty: it holds no tar data at all (not even the end-of-archive blocks), so it "
+            "is no tar archive (tarfile and GNU tar refuse it too); nothing was cached. Replace that object "
+            "with a valid shard, or leave it out of the source's URLs"
+        ) from None
     except (*_DECOMPRESS_ERRORS, *zstd_errors, _GZIP.error) as error:
         raise _corrupt(where, member, error) from None
 
 
 _BLOCK = 512
+
+
+class EmptyArchiveError(tarfile.ReadError):
+    """A tar stream of zero bytes (after decompression): an empty object, not an empty archive,
+    which holds at least its end-of-archive blocks."""
+
 _REGULAR = (b"0", b"\0", b"7")
 _PAX_LOCAL, _PAX_GLOBAL, _GNU_LONGNAME = b"x", b"g", b"L"
 
@@ -259,8 +271,12 @@ class TarStream:
     def __iter__(self) -> Iterator[tuple[str, int, bool, Callable[[int], bytes]]]:
         pax: dict[str, str] = {}
         long_name: Optional[str] = None
+        first = True
         while True:
             header = self._stream.read(_BLOCK)
+            if not header and first:
+                raise EmptyArchiveError("empty file")
+            first = False
             if not header or header == bytes(_BLOCK):
                 return  # the end-of-archive blocks (or a tar without them)
             if len(header) != _BLOCK:
