@@ -125,3 +125,33 @@ def test_cli_import_with_workers_from_s3(
     keys = [bytes(element["__key__"]).decode() for element in reader.read_elements(range(len(reader)))]
     reader.close()
     assert keys == [f"s{shard:02d}-{index:03d}" for shard in range(4) for index in range(7)]
+
+
+def test_cli_import_with_workers_pins_as_one_process_from_a_versioned_bucket(
+    tmp_path: Path, s3_server: S3Server, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """docs/parallel-build.md: a parallel import records the same pins as one process, the
+    VersionId each read was served included (a versioned bucket)."""
+    bucket = s3_server.new_bucket()
+    client = s3_server.client()
+    client.put_bucket_versioning(Bucket=bucket, VersioningConfiguration={"Status": "Enabled"})
+    shards = write_tars(tmp_path / "src", shards=3)
+    served = {}
+    for path in sorted(shards.iterdir()):
+        client.put_object(Bucket=bucket, Key=f"wds/{path.name}", Body=b"an older version")
+        served[f"s3://{bucket}/wds/{path.name}"] = client.put_object(
+            Bucket=bucket, Key=f"wds/{path.name}", Body=path.read_bytes())["VersionId"]
+    pins = {}
+    for workers in ("1", "2"):
+        storage = str(tmp_path / f"caches-{workers}")
+        code = cli.main([
+            "import", f"s3://{bucket}/wds/", "--id", "wds", "--version", "v1", "--storage", storage,
+            "--workers", workers, "--source-endpoint-url", s3_server.endpoint_url,
+        ])
+        assert code == 0, capsys.readouterr().err
+        assert "imported wds v1: 21 records" in capsys.readouterr().out
+        pins[workers] = pins_of(open_store(storage, show_progress=False).manifest("wds", "v1"))
+    assert pins["1"] is not None and pins["2"] is not None
+    assert {pin["url"]: pin.get("version_id") for pin in pins["1"]["objects"]} == served
+    assert pins["2"] == pins["1"]
+    assert not check_pins(pins["2"]).changed

@@ -161,6 +161,8 @@ class ShardedBuild:
         self.workers = workers
         self.retries = retries
         self.manifest_extra: dict[str, Any] = {}  # recorded in the manifest (see sharded)
+        # The manifest's extra from what the shards recorded (``ShardResult.extra``), see sharded.
+        self.merge_extra: Optional[Callable[[list[dict[str, Any]]], dict[str, Any]]] = None
         offsets = known_offsets(self.shards)
         self.cardinality: Optional[int] = None
         if offsets is not None:
@@ -200,6 +202,8 @@ class ShardedBuild:
                 results = self._run(directory, dataset_id, dataset_version, limits, part_size_bytes, totals, syncing)
             finally:
                 syncing.wait()
+            if self.merge_extra is not None:
+                extra = {**(extra or {}), **self.merge_extra([result.extra for result in results])}
             manifest = assemble_manifest(results, dataset_id, dataset_version, build_id=build_id, extra=extra)
             if limits.max_records is not None and manifest.num_records > limits.max_records:
                 raise BuildError(
@@ -374,8 +378,10 @@ def sharded(
     if isinstance(data, ShardedBuild):
         return data
     build = ShardedBuild(as_shards(data, build_shards), workers, retries=retries)
-    # An object source's pins go in the manifest, as in a build in one process.
+    # An object source's pins go in the manifest, as in a build in one process: its shards' reads
+    # (the versions they were served) are merged once they are done.
     build.manifest_extra = dict(getattr(data, "manifest_extra", None) or {})
+    build.merge_extra = getattr(data, "merge_shard_extra", None)
     return build
 
 

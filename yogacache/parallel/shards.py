@@ -27,7 +27,7 @@ from typing import Any, Callable, Iterator, Optional, Sequence
 from yogacache.errors import BuildError, UnsupportedDatasetError
 from yogacache.format.codec import CODEC_NAME
 from yogacache.format.manifest import FORMAT_VERSION, READ_FORMAT_VERSION, Manifest, PartInfo
-from yogacache.format.sources import source_for
+from yogacache.format.sources import manifest_extra, source_for
 from yogacache.format.spec import Spec, generalize, spec_from_json, spec_to_json
 from yogacache.format.writer import DEFAULT_PART_SIZE, BuildLimits, CacheWriter
 from yogacache.malloc import keep_freed_memory
@@ -240,6 +240,9 @@ class ShardResult:
     kind: str
     num_records: int
     num_bytes: int
+    # What the shard's source records in a manifest (an object source: its objects' pins, with
+    # the versions its reads were served); ``ShardedBuild.merge_extra`` combines them.
+    extra: dict[str, Any] = field(default_factory=dict)
 
 
 def shard_part_name(index: int, number: int, attempt: str = "") -> str:
@@ -297,7 +300,9 @@ def write_shard(
             os.replace(writer.directory / part.name, directory / name)
             renamed.append(replace(part, name=name, first_key=first_key + part.first_record))
     shutil.rmtree(writer.directory, ignore_errors=True)
-    return ShardResult(index, attempt, tuple(renamed), spec, source.kind, writer.num_records, writer.num_bytes)
+    return ShardResult(
+        index, attempt, tuple(renamed), spec, source.kind, writer.num_records, writer.num_bytes, manifest_extra(source)
+    )
 
 
 def assemble_manifest(

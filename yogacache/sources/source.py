@@ -122,6 +122,7 @@ class ObjectSource:
         self.progress: Optional[ProgressCallback] = None
         self._objects: Optional[list[ObjectRef]] = None
         self._prefixes: list[str] = []
+        self._shard_versions: dict[str, str] = {}  # URL -> VersionId, read by build shards
         self._classes: Optional[dict[str, int]] = None
         self._python: Optional[PythonSource] = None
         self._spec: Optional[Spec] = None
@@ -283,12 +284,13 @@ class ObjectSource:
     def pins(self) -> dict[str, Any]:
         """What the manifest records under ``extra["sources"]``."""
         objects = []
+        served = self._read_versions()
         for ref in self.objects():
             pin = ref.pin()
             if self.version_id or self.generation is not None:
                 pin["fixed"] = True  # asked for by version: a later write to the key is no change
-            elif ref.url in self._read_versions():
-                pin["version_id"] = self._read_versions()[ref.url]
+            elif ref.url in served:
+                pin["version_id"] = served[ref.url]
             objects.append(pin)
         pins: dict[str, Any] = {
             "pins_version": PINS_VERSION,
@@ -320,8 +322,9 @@ class ObjectSource:
         return "src-" + hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
 
     def _read_versions(self) -> dict[str, str]:
-        """The S3 VersionIds that the build's reads were served (versioned buckets only)."""
-        seen: dict[str, str] = {}
+        """The S3 VersionIds that the build's reads were served (versioned buckets only), here or
+        in the build shards of a parallel build (``merge_shard_extra``)."""
+        seen: dict[str, str] = dict(self._shard_versions)
         for access in self.access.all():
             seen.update(getattr(access, "versions", {}))
         return seen
@@ -329,6 +332,17 @@ class ObjectSource:
     @property
     def manifest_extra(self) -> dict[str, Any]:
         return {SOURCES_EXTRA_KEY: self.pins()}
+
+    def merge_shard_extra(self, extras: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+        """The ``manifest_extra`` of a parallel build of this source, given what each build
+        shard's source recorded (``from_recipe`` sources, in worker processes): the pins of a
+        build in one process, with the versions the shards' reads were served."""
+        for extra in extras:
+            shard_pins = extra.get(SOURCES_EXTRA_KEY)
+            for pin in shard_pins.get("objects", []) if isinstance(shard_pins, Mapping) else []:
+                if pin.get("version_id") and not pin.get("fixed"):
+                    self._shard_versions[str(pin["url"])] = str(pin["version_id"])
+        return self.manifest_extra
 
     # -- RecordSource ----------------------------------------------------------------------------
     def spec(self) -> Spec:
