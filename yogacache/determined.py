@@ -14,7 +14,9 @@ code the same decorators with the semantics of the last release that shipped the
 - rank and shard count: the distributed context's ``rank`` and ``size`` (one shard per slot);
 - the shuffle seed: the trial seed;
 - the training offset: batches already trained (``steps_completed`` of the checkpoint the trial
-  resumes from) x the per-slot batch size; validation always reads from offset 0;
+  resumes from) x the per-slot batch size; a PyTorch trial's dataset instead skips that many
+  whole batches, epoch by epoch, as ``det.pytorch.DataLoader`` does (each epoch's last batch
+  may be short); validation always reads from offset 0;
 - the storage: the experiment config's ``data_layer`` section, paths as the trial's container
   sees them: ``container_storage_path`` (shared_fs) or ``local_cache_container_path`` (s3, gcs),
   ``~/data/determined/`` when unset, as Determined did.
@@ -26,6 +28,7 @@ This is the only module of yogacache that imports ``determined``
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import sys
 import weakref
@@ -358,13 +361,44 @@ class DeterminedDataLayer:
         """
         validate_name(dataset_id, "dataset_id")
         validate_name(dataset_version, "dataset_version")
+        returns = returns or self.facts.returns
         decorator = self.layer.cache_train_dataset(
-            dataset_id, dataset_version, shuffle, skip_shuffle_at_epoch_end,
-            returns=returns or self.facts.returns, **options,
+            dataset_id, dataset_version, shuffle, skip_shuffle_at_epoch_end, returns=returns, **options,
         )
         # Counted once the arguments are known good: a call that failed may be corrected.
         self._use("train", (dataset_id, dataset_version + TRAIN_SUFFIX, shuffle), allow_same=False)
-        return decorator
+        return decorator if returns != "torch" else self._batched_like_the_trial(decorator)
+
+    def _batched_like_the_trial(
+        self, decorator: Callable[[Callable[..., Any]], Callable[..., Any]]
+    ) -> Callable[..., Any]:
+        """``decorator``, whose torch dataset deals records to DataLoader workers in blocks of the
+        per-slot batch size (so that every batch holds the records the trial's order puts in it,
+        with or without workers) and resumes after ``steps_completed`` whole batches.
+
+        A PyTorch trial's DataLoader batches each epoch separately (its last batch short), so
+        the records already trained on are not ``steps_completed x batch size`` once an epoch
+        has ended mid-batch: the dataset skips whole batches instead, epoch by epoch, as
+        Determined's own DataLoader does. TF trials batch across epochs (``repeat`` before
+        ``batch``), so there the record offset is exact.
+        """
+        steps, batch_size = self.facts.steps_completed, self.facts.per_slot_batch_size
+
+        def batched(make_dataset: Callable[..., Any]) -> Callable[..., Any]:
+            cached = decorator(make_dataset)
+
+            @functools.wraps(cached)
+            def dataset(*args: Any, **kwargs: Any) -> Any:
+                result = cached(*args, **kwargs)
+                if batch_size is not None and result.batch_size is None:
+                    result.batch_size = batch_size
+                if steps:
+                    result.skip_batches(steps, batch_size)
+                return result
+
+            return dataset
+
+        return batched
 
     def cache_validation_dataset(
         self, dataset_id: str, dataset_version: str, shuffle: bool = False, *, returns: Optional[str] = None
@@ -427,15 +461,34 @@ class RepeatEpochs:
     Determined's PyTorch trial controller iterates its training loader once and trains until
     ``max_length``; its own ``det.pytorch.DataLoader`` repeats for that reason. Each new pass
     over the wrapped loader (a ``torch.utils.data.DataLoader`` over a cached training dataset)
-    reads the next epoch, reshuffled. ``len()`` is the wrapped loader's: one epoch's batches.
-    An empty shard ends the iteration instead of looping forever.
+    reads the next epoch, reshuffled, from its start: after a pass the dataset moves to the next
+    epoch (``CacheIterableDataset.next_epoch``), so a trial resumed mid-epoch finishes that
+    epoch, then reads whole epochs. ``len()`` is the batches of one whole epoch, wherever the
+    trial resumed (Determined takes it as the epoch length). An empty shard ends the iteration
+    instead of looping forever.
     """
 
     def __init__(self, loader: Any) -> None:
         self.loader = loader
+        dataset = getattr(loader, "dataset", None)
+        # A yogacache dataset (anything with next_epoch): advanced after each pass.
+        self._dataset = dataset if callable(getattr(dataset, "next_epoch", None)) else None
+        if self._dataset is not None and getattr(loader, "persistent_workers", False):
+            raise ValueError(
+                "repeat_epochs: a DataLoader with persistent_workers=True keeps its workers' copy "
+                "of the dataset, which never sees the next epoch (each pass would read the same "
+                "records): leave persistent_workers off"
+            )
 
     def __len__(self) -> int:
-        return len(self.loader)
+        dataset = self._dataset
+        if dataset is None:
+            return len(self.loader)
+        records = int(dataset.epoch_length)
+        batch_size = getattr(self.loader, "batch_size", None)
+        if batch_size is None:  # the dataset yields batches itself: epoch_length counts them
+            return records
+        return records // batch_size if getattr(self.loader, "drop_last", False) else -(-records // batch_size)
 
     def __iter__(self) -> Iterator[Any]:
         while True:
@@ -443,6 +496,8 @@ class RepeatEpochs:
             for batch in self.loader:
                 empty = False
                 yield batch
+            if self._dataset is not None:
+                self._dataset.next_epoch()
             if empty:
                 return
 

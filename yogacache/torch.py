@@ -173,9 +173,10 @@ class CacheIterableDataset(IterableDataset):  # type: ignore[type-arg]
     The first arguments are ``DataRef.stream``'s; ``shard_rank`` and ``num_shards`` default to
     the launcher's (``yogacache.launcher``). Iterating reads the current epoch (``set_epoch``, as
     with ``DistributedSampler``) from the current resume point to its end; iterating again
-    reads the same. Worker ``w`` of ``W`` reads blocks ``w, w+W, …`` of ``batch_size`` records
-    (``yogacache.read.pipeline.plan_reads``), which is the order a DataLoader with that batch
-    size yields them in. ``from_options`` makes one from ``ReadOptions`` instead.
+    reads the same, so call ``set_epoch`` (or ``next_epoch``) between passes, as
+    ``yogacache.determined.repeat_epochs`` does. Worker ``w`` of ``W`` reads blocks
+    ``w, w+W, …`` of ``batch_size`` records (``yogacache.read.pipeline.plan_reads``), which is
+    the order a DataLoader with that batch size yields them in. ``from_options`` makes one from ``ReadOptions`` instead.
 
     Args:
         batch_size: the DataLoader's batch size (default 1): the unit in which the rank's records
@@ -350,15 +351,50 @@ class CacheIterableDataset(IterableDataset):  # type: ignore[type-arg]
         batched.batch_size, batched.batched, batched.drop_last = batch_size, True, bool(drop_last)
         return batched
 
+    def skip_batches(self, batches: int, batch_size: Optional[int] = None, *, drop_last: bool = False) -> None:
+        """Resumes after ``batches`` batches of ``batch_size`` records (default: the dataset's),
+        counted from the start of epoch 0 and batched epoch by epoch, as a DataLoader batches
+        them: each epoch's last batch is short, or dropped with ``drop_last``. Determined's own
+        ``det.pytorch.DataLoader`` resumes a trial this way (it skips whole batches); a resume
+        offset of ``batches x batch_size`` records would skip each epoch's shortfall instead.
+        """
+        batches = operator.index(batches)
+        if batches < 0:
+            raise ValueError(f"batches must not be negative, got {batches}")
+        size = self.batch_size if batch_size is None else operator.index(batch_size)
+        if size is None or size < 1:
+            raise ValueError(f"skip_batches needs a positive batch_size, got {size}")
+        records = self.schedule.remaining(0)
+        per_epoch = records // size if drop_last else -(-records // size)
+        if per_epoch == 0:  # an empty epoch (or one short batch dropped): nothing to skip
+            self._epoch, self._position = 0, 0
+        else:
+            self._epoch, self._position = batches // per_epoch, (batches % per_epoch) * size
+        self.reset_consumed()
+
     # -- reading --------------------------------------------------------------------------
-    def __len__(self) -> int:
-        """Records (or, with ``batched``, batches) one iteration yields on this rank."""
-        records = self.schedule.remaining(self._position)
+    def _yields(self, records: int) -> int:
+        """Items one iteration over ``records`` records yields: records, or batches."""
         if not self.batched:
             return records
         if self.batch_size is None:
             raise ValueError("a batched dataset needs a batch_size")
         return records // self.batch_size if self.drop_last else -(-records // self.batch_size)
+
+    def __len__(self) -> int:
+        """Records (or, with ``batched``, batches) one iteration yields on this rank: the rest
+        of the current epoch from the resume point."""
+        return self._yields(self.schedule.remaining(self._position))
+
+    @property
+    def epoch_length(self) -> int:
+        """Records (or, with ``batched``, batches) a whole epoch yields on this rank, wherever
+        the resume point is."""
+        return self._yields(self.schedule.remaining(0))
+
+    def next_epoch(self) -> None:
+        """Reads the next epoch from its start on the next iteration (``set_epoch(epoch + 1)``)."""
+        self.set_epoch(self._epoch + 1)
 
     def __iter__(self) -> Iterator[Any]:
         plan = self.schedule.plan(self._epoch, self._position)
