@@ -144,3 +144,90 @@ def test_a_pull_from_a_slow_server_stops_with_one_line(
     copy = local / LOCAL_CACHE_DIR / "mnist" / "v1"
     assert not copy.exists()
     assert leftovers_of(copy) == []
+
+
+STUCK_SECONDS = 300.0  # the part GETs get no answer for this long: only a stop ends them in time
+STOP_GUARD = 20.0  # "does not hang": the command ends within this long of the signal
+
+
+def _publish_parts(s3_server: Any, tmp_path: Path, parts: int) -> tuple[str, Any]:
+    from yogacache.backends.s3 import S3ObjectStore
+
+    bucket = s3_server.new_bucket()
+    publisher = RemoteCacheStore(
+        S3ObjectStore(bucket, "caches", endpoint_url=s3_server.endpoint_url),
+        tmp_path / "publisher",
+        part_size_bytes=64 << 10,
+        show_progress=False,
+    )
+    manifest = publisher.build("mnist", "v1", dataset(1200))
+    assert len(manifest.parts) >= parts, len(manifest.parts)
+    return bucket, manifest
+
+
+def _start_stuck_pull(bucket: str, proxy: FaultProxy, local: Path) -> subprocess.Popen[str]:
+    return start_cli(
+        "pull", "mnist", "v1", "--storage", f"s3://{bucket}/caches", "--endpoint-url", proxy.url,
+        "--local-cache", str(local),
+    )
+
+
+def _ended_within(process: subprocess.Popen[str], seconds: float) -> tuple[str, str]:
+    try:
+        return process.communicate(timeout=seconds)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        out, err = process.communicate()
+        pytest.fail(f"the pull did not end within {seconds} s of Ctrl-C:\n{out}\n{err}")
+
+
+def test_ctrl_c_stops_a_pull_whose_transfers_are_stuck_every_time(s3_server: Any, tmp_path: Path) -> None:
+    """Every transfer thread waits inside s3transfer for a part the server does not send: one
+    Ctrl-C ends the pull (exit 130, one line), five times out of five, with no copy and no
+    temporary left behind. Before the fix the process waited for its transfer threads at exit."""
+    bucket, manifest = _publish_parts(s3_server, tmp_path, parts=4)
+    with FaultProxy(s3_server.endpoint_url) as proxy:
+        stuck = proxy.add_rule(action="delay", method="GET", path_contains="-part-", seconds=STUCK_SECONDS)
+        for run in range(5):
+            before = stuck.hits
+            local = tmp_path / f"node-{run}"
+            process = _start_stuck_pull(bucket, proxy, local)
+            wait_until(lambda before=before: stuck.hits >= before + 4, process)  # all four transfer threads wait
+            time.sleep(0.2)
+            process.send_signal(signal.SIGINT)
+            _, err = _ended_within(process, STOP_GUARD)
+            assert process.returncode == 130, err
+            assert_one_line(err, "interrupted")
+            assert "pull stopped" in err
+            copy = local / LOCAL_CACHE_DIR / "mnist" / "v1"
+            assert not copy.exists()
+            assert leftovers_of(copy) == []
+    # The published cache is untouched.
+    from yogacache.backends.s3 import S3ObjectStore
+
+    store = RemoteCacheStore(
+        S3ObjectStore(bucket, "caches", endpoint_url=s3_server.endpoint_url), tmp_path / "check", show_progress=False
+    )
+    assert store.remote_manifest("mnist", "v1") == manifest
+    assert len(store.pull("mnist", "v1")) == 1200
+
+
+def test_a_second_ctrl_c_ends_a_pull_at_once(s3_server: Any, tmp_path: Path) -> None:
+    """Two Ctrl-C in a row while the transfers are stuck: the command ends (130), whatever the
+    first one was still doing."""
+    bucket, _ = _publish_parts(s3_server, tmp_path, parts=4)
+    with FaultProxy(s3_server.endpoint_url) as proxy:
+        stuck = proxy.add_rule(action="delay", method="GET", path_contains="-part-", seconds=STUCK_SECONDS)
+        for run in range(3):
+            before = stuck.hits
+            local = tmp_path / f"node-{run}"
+            process = _start_stuck_pull(bucket, proxy, local)
+            wait_until(lambda before=before: stuck.hits >= before + 4, process)
+            process.send_signal(signal.SIGINT)
+            time.sleep(0.05)
+            if process.poll() is None:
+                process.send_signal(signal.SIGINT)
+            _, err = _ended_within(process, STOP_GUARD)
+            assert process.returncode == 130, err
+            assert "Traceback" not in err, err
+            assert "interrupted" in err

@@ -61,6 +61,11 @@ def _on_signal(signum: int, frame: Optional[FrameType]) -> None:
     raise KeyboardInterrupt()
 
 
+def _exit_at_once(signum: int, frame: Optional[FrameType]) -> None:
+    """A second Ctrl-C while an interrupted command finishes: end the process now."""
+    os._exit(130)
+
+
 # -- opening the store -------------------------------------------------------------------------
 def open_cli_store(
     storage: Optional[str],
@@ -961,7 +966,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except KeyboardInterrupt as interrupt:
         progress.close_all()
         if threading.current_thread() is threading.main_thread():
-            signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C while we finish changes nothing
+            signal.signal(signal.SIGINT, _exit_at_once)  # a second Ctrl-C while we finish ends it
             previous.pop(signal.SIGINT, None)
         what = "terminated (SIGTERM)" if isinstance(interrupt, Terminated) else "interrupted"
         outcome = {

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import builtins
+import queue
 import threading
 from collections.abc import Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -29,7 +30,8 @@ try:
     import boto3.exceptions
     import botocore.config
     import botocore.exceptions
-    from boto3.s3.transfer import TransferConfig
+    from boto3.s3.transfer import S3Transfer, TransferConfig
+    from s3transfer.manager import TransferManager
 except ImportError as error:  # pragma: no cover - exercised only without boto3
     raise ImportError("S3 storage needs boto3: pip install 'yogacache[s3]'") from error
 
@@ -213,21 +215,23 @@ class S3ObjectStore:
 
         return self._run("DELETE", key, call)
 
+    def _transfers(self) -> S3Transfer:
+        """boto3's managed transfers, on daemon threads (``_DaemonExecutor``): a transfer stopped
+        while its request waits on the network ends with the process, never holds it at exit."""
+        return S3Transfer(manager=TransferManager(self._client, self._transfer, executor_cls=_DaemonExecutor))
+
     def upload_file(self, path: Path, key: str, progress: Optional[ProgressCallback] = None) -> None:
-        self._run(
-            "upload to",
-            key,
-            lambda: self._client.upload_file(
-                str(path), self.bucket, self._key(key), Callback=progress, Config=self._transfer
-            ),
-        )
+        def call() -> None:
+            with self._transfers() as transfers:
+                transfers.upload_file(str(path), self.bucket, self._key(key), callback=progress)
+
+        self._run("upload to", key, call)
 
     def download_file(self, key: str, path: Path, progress: Optional[ProgressCallback] = None) -> None:
         def call() -> None:
             try:
-                self._client.download_file(
-                    self.bucket, self._key(key), str(path), Callback=progress, Config=self._transfer
-                )
+                with self._transfers() as transfers:
+                    transfers.download_file(self.bucket, self._key(key), str(path), callback=progress)
             except botocore.exceptions.ClientError as error:
                 if _code(error) in _ABSENT:
                     raise FileNotFoundError(f"{self.url(key)} does not exist") from None
@@ -509,6 +513,58 @@ class S3ObjectStore:
             self._abort(key, upload_id)
             raise
         return True
+
+
+class _DaemonExecutor:
+    """The executor s3transfer runs a transfer's requests on (``submit``, ``shutdown``), on daemon
+    threads. ``ThreadPoolExecutor``'s threads are joined at interpreter exit: a request that waits
+    for a server that does not answer held a Ctrl-C'd pull for minutes after its message."""
+
+    def __init__(self, max_workers: Optional[int] = None) -> None:
+        self._max_workers = max(1, max_workers or 1)
+        self._work: queue.SimpleQueue[Optional[tuple[Future[Any], Any, Any, Any]]] = queue.SimpleQueue()
+        self._threads: builtins.list[threading.Thread] = []
+        self._idle = 0
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def submit(self, fn: Any, *args: Any, **kwargs: Any) -> Future[Any]:
+        future: Future[Any] = Future()
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("cannot schedule new work after shutdown")
+            self._work.put((future, fn, args, kwargs))
+            if self._idle == 0 and len(self._threads) < self._max_workers:
+                thread = threading.Thread(target=self._serve, name="yogacache-s3transfer", daemon=True)
+                self._threads.append(thread)
+                thread.start()
+            else:
+                self._idle -= 1
+        return future
+
+    def _serve(self) -> None:
+        while True:
+            item = self._work.get()
+            if item is None:
+                return
+            future, fn, args, kwargs = item
+            if future.set_running_or_notify_cancel():
+                try:
+                    future.set_result(fn(*args, **kwargs))
+                except BaseException as error:  # handed to whoever waits for the future
+                    future.set_exception(error)
+            with self._lock:
+                self._idle += 1
+
+    def shutdown(self, wait: bool = True) -> None:
+        with self._lock:
+            self._closed = True
+            threads = list(self._threads)
+        for _ in threads:
+            self._work.put(None)
+        if wait:
+            for thread in threads:
+                thread.join()
 
 
 def _regroup(chunks: Iterable[bytes], size: int) -> Iterator[bytes]:

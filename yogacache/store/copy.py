@@ -29,7 +29,7 @@ import os
 import queue
 import threading
 from collections.abc import Iterable, Iterator
-from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Mapping, Optional, Union, cast
@@ -38,13 +38,13 @@ from yogacache.backends.base import (
     DEFAULT_TRANSFER_THREADS,
     CopyableObjectStore,
     RemoteError,
-    TransferCancelled,
 )
 from yogacache.errors import CacheNotFoundError, ConfigError, CorruptCacheError, YogaCacheError
 from yogacache.format.checksum import Crc32c
 from yogacache.format.manifest import MANIFEST_NAME, MAX_MANIFEST_BYTES, Manifest, PartInfo
 from yogacache.names import validate_name, validate_version
 from yogacache.progress import TransferProgress
+from yogacache.store.transfers import run_transfers
 
 log = logging.getLogger(__name__)
 
@@ -341,50 +341,26 @@ def _copy_parts(
     progress = TransferProgress(
         f"copying {manifest.dataset_id}:{manifest.dataset_version}", manifest.total_size_bytes, enabled=show_progress
     )
-    cancel = threading.Event()
     lock = threading.Lock()
-
-    def on_bytes(count: int) -> None:
-        if cancel.is_set():
-            raise TransferCancelled("copy cancelled")
-        progress.add(count)
-
-    def run(part: PartInfo) -> PartInfo:
-        if cancel.is_set():
-            raise TransferCancelled("copy cancelled")
-        try:
-            return _copy_part(src, dst, manifest, part, report, lock, on_bytes, listed)
-        except BaseException:
-            cancel.set()
-            raise
-
     if not manifest.parts:
         return ()
     # One listing says which parts are there at all: only those are asked for their checksum.
     listed = {
         info.key: info.size for info in dst.objects.list(dst.cache_key(manifest.dataset_id, manifest.dataset_version))
     }
-    pool = ThreadPoolExecutor(
-        max_workers=max(1, min(threads, len(manifest.parts))), thread_name_prefix="yogacache-copy"
-    )
-    futures: list[Future[PartInfo]] = [pool.submit(run, part) for part in manifest.parts]
     try:
-        pending: set[Future[PartInfo]] = set(futures)
-        while pending:
-            # Short waits, so that Ctrl-C reaches the main thread promptly.
-            done, pending = wait(pending, timeout=_POLL_SECONDS, return_when=FIRST_EXCEPTION)
-            failures = [error for error in (f.exception() for f in done) if error is not None]
-            if failures:
-                raise next((e for e in failures if not isinstance(e, TransferCancelled)), failures[0])
+        copied = run_transfers(
+            lambda part, on_bytes: _copy_part(src, dst, manifest, part, report, lock, on_bytes, listed),
+            manifest.parts,
+            threads=threads,
+            add_bytes=progress.add,
+            name="yogacache-copy",
+        )
     except BaseException:
-        cancel.set()
-        pool.shutdown(wait=False, cancel_futures=True)
-        wait([f for f in futures if not f.cancelled()], timeout=2.0)
         progress.close()
         raise
-    pool.shutdown(wait=True)
     progress.finish()
-    return tuple(f.result() for f in futures)
+    return tuple(copied)
 
 
 def _copy_part(

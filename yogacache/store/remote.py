@@ -22,10 +22,8 @@ import logging
 import os
 import shutil
 import stat
-import threading
 import time
 import uuid
-from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -34,7 +32,6 @@ from yogacache.backends.base import (
     DEFAULT_TRANSFER_THREADS,
     ObjectStore,
     ProgressCallback,
-    TransferCancelled,
     is_disk_full,
 )
 from yogacache.errors import (
@@ -57,15 +54,14 @@ from yogacache.store.lease import Lease
 from yogacache.store.local import CacheStore
 from yogacache.store.localroot import LOCAL_CACHE_DIR as LOCAL_CACHE_DIR  # re-exported: the documented name
 from yogacache.store.localroot import local_copies_root
+from yogacache.store.transfers import run_transfers
 
 log = logging.getLogger(__name__)
 
 LEASE_NAME = "build-lease.json"
 ORIGIN_NAME = "origin.json"  # in a local copy: which remote it was fetched from or published to
 REMOTE_PART_SIZE = 256 << 20  # smaller parts let downloads, uploads and hashing overlap
-CANCEL_GRACE_SECONDS = 2.0  # how long a cancelled batch waits for its running transfers to stop
 _REPLACED_RETRIES = 3
-_POLL_SECONDS = 0.1
 
 
 class BuildWaitTimeoutError(YogaCacheError, TimeoutError):
@@ -441,50 +437,8 @@ class RemoteCacheStore:
         add_bytes: ProgressCallback,
     ) -> None:
         """Runs ``work`` for every part on ``transfer_threads`` threads; stops them all on the
-        first failure or on an interrupt (Ctrl-C).
-
-        Queued transfers are cancelled; running ones stop at their next chunk, where their
-        progress callback raises TransferCancelled. Returns (raising the first error) once the
-        running transfers stopped, or after a short grace.
-        """
-        if not parts:
-            return
-        cancel = threading.Event()
-
-        def on_bytes(count: int) -> None:
-            if cancel.is_set():
-                raise TransferCancelled("transfer cancelled")
-            add_bytes(count)
-
-        def run(part: PartInfo) -> None:
-            if cancel.is_set():
-                raise TransferCancelled("transfer cancelled")
-            try:
-                work(part, on_bytes)
-            except BaseException:
-                cancel.set()  # before this thread takes the next queued part
-                raise
-
-        pool = ThreadPoolExecutor(
-            max_workers=min(self.transfer_threads, len(parts)), thread_name_prefix="yogacache-transfer"
-        )
-        futures = [pool.submit(run, part) for part in parts]
-        try:
-            pending = set(futures)
-            while pending:
-                # Short waits: a signal the kernel hands to a transfer thread still reaches
-                # the main thread's handler (Ctrl-C) within a fraction of a second.
-                done, pending = wait(pending, timeout=_POLL_SECONDS, return_when=FIRST_EXCEPTION)
-                failures = [error for error in (f.exception() for f in done) if error is not None]
-                if failures:
-                    raise next((e for e in failures if not isinstance(e, TransferCancelled)), failures[0])
-        except BaseException:
-            cancel.set()
-            pool.shutdown(wait=False, cancel_futures=True)
-            # Cancelled futures never count as done: wait for the ones that were running.
-            wait([f for f in futures if not f.cancelled()], timeout=CANCEL_GRACE_SECONDS)
-            raise
-        pool.shutdown(wait=True)
+        first failure or on an interrupt (Ctrl-C): see ``store.transfers``."""
+        run_transfers(work, parts, threads=self.transfer_threads, add_bytes=add_bytes)
 
     # -- building and publishing ----------------------------------------------------------
     def get_or_build(
