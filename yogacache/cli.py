@@ -211,25 +211,11 @@ def _row(entry: CacheEntry) -> dict[str, Any]:
 
 
 # -- commands ----------------------------------------------------------------------------------
-def _list(store: Store) -> tuple[list[CacheEntry], Optional[str]]:
-    """Every cache, and a note when only part of them could be listed.
-
-    Stores mark an unreadable cache in its entry; should a remote listing still fail as a
-    whole, the local copies are listed, with the reason.
-    """
-    try:
-        return store.list(), None
-    except YogaCacheError as error:
-        local = getattr(store, "local", None)
-        if store.remote_url is None or not isinstance(local, CacheStore):
-            raise
-        return local.list(), f"listing {store.remote_url} failed ({error}); showing the local copies only"
-
-
 def cmd_ls(store: Store, args: argparse.Namespace) -> int:
-    entries, note = _list(store)
-    if note:
-        print(f"yogacache: warning: {note}", file=sys.stderr)
+    # A storage that cannot be listed (no such bucket, no credentials, no server) is an error,
+    # as for ``info``: the local copies alone may belong to another storage. Stores mark an
+    # unreadable cache in its entry instead of failing the listing.
+    entries = store.list()
     usage = _local_usage(store)
     if args.json:
         mirrors = _mirror_fields(store)
