@@ -1,9 +1,11 @@
 """Is a cache built from pinned objects still current? A cheap check on every cache hit.
 
-The check reads no object: it LISTs the common prefix of each bucket's pinned objects (one
-request per 1,000 objects), or HEADs a single object, and compares ETag, size and generation
-with the pins (local files: size and modification time). An object pinned by ``version_id=``
-is checked to still exist in that version. A prefix source also notices objects added under it.
+The check reads no object: it LISTs the prefixes the source listed, finds the other pinned
+objects by LIST pages that start at each next pinned key (at most one per 1,000 objects plus
+one, whatever else lives beside them), HEADs what those pages do not reach and a single object,
+and compares ETag, size and generation with the pins (local files: size and modification time).
+An object pinned by ``version_id=`` is checked to still exist in that version. A prefix source
+also notices objects added under it.
 What a change does is the cache's ``on_source_change`` (or the caller's): raise, rebuild, warn
 or ignore. A check that cannot be made (the bucket unreachable) raises: it is never read as
 "unchanged".
@@ -21,7 +23,7 @@ from yogacache.errors import CacheNotFoundError
 from yogacache.format.manifest import Manifest
 from yogacache.read.reader import CacheReader
 from yogacache.sources.errors import SourceChangedError
-from yogacache.sources.objects import Accessors, ObjectRef, ref_from_pin
+from yogacache.sources.objects import LIST_PAGE, Accessors, ObjectAccess, ObjectRef, ref_from_pin
 from yogacache.sources.source import SOURCES_EXTRA_KEY, check_policy
 from yogacache.sources.urls import Location, parse_location
 from yogacache.store.base import Store
@@ -50,7 +52,13 @@ def pins_of(manifest: Manifest) -> Optional[dict[str, Any]]:
 
 
 def check_pins(pins: dict[str, Any], access: Optional[Accessors] = None) -> SourceCheck:
-    """Compares the objects as they are now with ``pins`` (from ``pins_of``)."""
+    """Compares the objects as they are now with ``pins`` (from ``pins_of``).
+
+    Per bucket: each prefix the source listed is listed again (what is under it is the source:
+    an object there that is not pinned was added); the other pinned objects are found by LIST
+    pages that start at the next pinned key not yet seen (``_walk``), at most one page per 1,000
+    of them plus one, so whatever else lives beside them costs nothing; what those pages did not
+    reach, an object pinned by version, a single object and local files are HEADed."""
     access = access or Accessors(pins.get("endpoint_url"))
     refs = [ref_from_pin(pin, parse_location(str(pin["url"]))) for pin in pins["objects"]]
     fixed = {str(pin["url"]) for pin in pins["objects"] if pin.get("fixed")}
@@ -61,21 +69,26 @@ def check_pins(pins: dict[str, Any], access: Optional[Accessors] = None) -> Sour
     prefixes = [parse_location(str(url)) for url in pins.get("prefixes", [])]
     for (scheme, bucket), members in groups.items():
         storage = access(scheme)
-        covering = [p for p in prefixes if p.scheme == scheme and p.bucket == bucket]
+        covering = _outermost([p for p in prefixes if p.scheme == scheme and p.bucket == bucket])
         current: dict[str, Optional[ObjectRef]] = {}
         by_head = [ref for ref in members if ref.url in fixed]
         listed = [ref for ref in members if ref.url not in fixed]
-        if scheme == "file" or (len(listed) == 1 and not covering):
+        if scheme == "file":
             by_head += listed
-        elif listed:
-            prefix = posixpath.commonprefix([ref.name for ref in listed] + [p.key for p in covering])
-            for listed_now in storage.list(Location(scheme, bucket, prefix)):
+            listed = []
+        pinned = {ref.url for ref in listed}
+        for prefix in covering:
+            for listed_now in storage.list(prefix):
                 current[listed_now.url] = listed_now
-            pinned = {ref.url for ref in listed}
-            for url in sorted(current):
-                inside = any(url.startswith(p.url) for p in covering)
-                if inside and url not in pinned and not url.endswith("/"):
-                    check.changes.append(f"{url}: added")
+                if listed_now.url not in pinned and not listed_now.url.endswith("/"):
+                    check.changes.append(f"{listed_now.url}: added")
+        outside = [ref for ref in listed if not any(ref.name.startswith(p.key) for p in covering)]
+        if len(outside) == 1:
+            by_head += outside
+        elif outside:
+            found, left = _walk(storage, scheme, bucket, outside)
+            current.update(found)
+            by_head += left
         for ref in by_head:
             by_version = ref.url in fixed
             current[ref.url] = storage.head(ref.location, version_id=ref.version_id if by_version else None,
@@ -87,6 +100,44 @@ def check_pins(pins: dict[str, Any], access: Optional[Accessors] = None) -> Sour
                 check.changes.append(f"{ref.url}: {', '.join(differences)}")
     check.requests = access.requests
     return check
+
+
+def _outermost(prefixes: list[Location]) -> list[Location]:
+    """The prefixes not inside another one (each listed once)."""
+    keys = sorted({p.key for p in prefixes})
+    kept: list[str] = []
+    for key in keys:
+        if not any(key.startswith(outer) for outer in kept):
+            kept.append(key)
+    return [Location(prefixes[0].scheme, prefixes[0].bucket, key) for key in kept] if kept else []
+
+
+def _walk(storage: ObjectAccess, scheme: str, bucket: str,
+          refs: list[ObjectRef]) -> tuple[dict[str, Optional[ObjectRef]], list[ObjectRef]]:
+    """The pinned objects ``refs`` as they are now (None: deleted), found by LIST pages of their
+    common prefix, each starting at the first pinned key not yet seen: a page settles every
+    pinned key up to its last key (listed, or deleted), so runs of other objects between pinned
+    ones are skipped, not listed. At most ``len(refs) // LIST_PAGE + 1`` pages; the objects they
+    did not reach (pinned keys scattered among many others) are returned for a HEAD each."""
+    ordered = sorted(refs, key=lambda ref: ref.name)
+    prefix = Location(scheme, bucket, posixpath.commonprefix([ref.name for ref in ordered]))
+    found: dict[str, Optional[ObjectRef]] = {}
+    index = 0
+    for _ in range(len(ordered) // LIST_PAGE + 1):
+        if index == len(ordered):
+            break
+        page, more = storage.list_from(prefix, ordered[index].name)
+        if more and not page:
+            break
+        seen = {ref.name: ref for ref in page}
+        last = page[-1].name if more else None
+        settled = index
+        while index < len(ordered) and (last is None or ordered[index].name <= last):
+            found[ordered[index].url] = seen.get(ordered[index].name)
+            index += 1
+        if index == settled:  # the page ended below the next pinned key: HEAD the rest
+            break
+    return found, ordered[index:]
 
 
 def describe_changes(dataset_id: str, dataset_version: str, check: SourceCheck) -> str:

@@ -15,7 +15,7 @@ import queue
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO, Callable, Iterator, Optional, Protocol, Union
+from typing import Any, BinaryIO, Callable, Iterator, Optional, Protocol, Sequence, Union
 
 from yogacache.sources.errors import SourceChangedError, SourceError
 from yogacache.sources.urls import Location
@@ -81,6 +81,8 @@ class ObjectAccess(Protocol):
     requests: int
 
     def list(self, prefix: Location) -> list[ObjectRef]: ...
+
+    def list_from(self, prefix: Location, start: str) -> tuple[Sequence[ObjectRef], bool]: ...
 
     def head(self, location: Location, version_id: Optional[str] = None,
              generation: Optional[int] = None) -> Optional[ObjectRef]: ...
@@ -148,6 +150,20 @@ class S3Access:
             token = page.get("NextContinuationToken")
             if not page.get("IsTruncated") or not token:
                 return found
+
+    def list_from(self, prefix: Location, start: str) -> tuple[Sequence[ObjectRef], bool]:
+        """One LIST page of the objects under ``prefix`` from the key ``start`` on, in key order
+        (S3 starts *after* a key: a few keys just below ``start`` may come first), and whether
+        more follow."""
+        self.requests += 1
+        extra = {"StartAfter": start[:-1]} if len(start) > 1 else {}
+        try:
+            page = self._client.list_objects_v2(Bucket=prefix.bucket, Prefix=prefix.key, MaxKeys=LIST_PAGE, **extra)
+        except self._failures as error:
+            raise self._fail(error, prefix.url) from None
+        found = [ObjectRef(prefix.child(item["Key"]), int(item["Size"]), _strip_etag(item.get("ETag")))
+                 for item in page.get("Contents", [])]
+        return found, bool(page.get("IsTruncated"))
 
     def head(self, location: Location, version_id: Optional[str] = None,
              generation: Optional[int] = None) -> Optional[ObjectRef]:
@@ -237,6 +253,18 @@ class GCSAccess:
             raise self._fail(error, prefix.url) from None
         return found
 
+    def list_from(self, prefix: Location, start: str) -> tuple[Sequence[ObjectRef], bool]:
+        """One LIST page of the objects under ``prefix`` from the name ``start`` on (``startOffset``),
+        in name order, and whether more follow."""
+        self.requests += 1
+        try:
+            blobs = self._client.list_blobs(prefix.bucket, prefix=prefix.key, start_offset=start, page_size=LIST_PAGE)
+            page = next(iter(blobs.pages), None)
+            found = [self._ref(prefix.child(blob.name), blob) for blob in page or []]
+        except self._gexc.GoogleAPIError as error:
+            raise self._fail(error, prefix.url) from None
+        return found, bool(blobs.next_page_token)
+
     def head(self, location: Location, version_id: Optional[str] = None,
              generation: Optional[int] = None) -> Optional[ObjectRef]:
         self.requests += 1
@@ -289,6 +317,12 @@ class LocalAccess:
                 if path.is_file() and not path.is_symlink():
                     found.append(self._ref(prefix.child(str(path)), stat))
         return sorted(found, key=lambda ref: ref.name)
+
+    def list_from(self, prefix: Location, start: str) -> tuple[Sequence[ObjectRef], bool]:
+        """The files whose path starts with ``prefix`` (a path or any start of one), from ``start`` on."""
+        directory = prefix.key if prefix.key.endswith(os.sep) else os.path.dirname(prefix.key)
+        found = self.list(prefix.child(directory or os.curdir))
+        return [ref for ref in found if ref.name.startswith(prefix.key) and ref.name >= start], False
 
     def head(self, location: Location, version_id: Optional[str] = None,
              generation: Optional[int] = None) -> Optional[ObjectRef]:
