@@ -21,7 +21,13 @@ from types import FrameType
 from typing import Any, Callable, Optional, Sequence
 
 from yogacache import progress
-from yogacache.errors import CacheNotFoundError, ConfigError, YogaCacheError
+from yogacache.errors import (
+    CacheNotFoundError,
+    ConfigError,
+    CorruptCacheError,
+    IncompatibleCacheError,
+    YogaCacheError,
+)
 from yogacache.format.manifest import Manifest
 from yogacache.format.spec import Spec, TensorSpec
 from yogacache.progress import format_bytes
@@ -343,7 +349,14 @@ def cmd_rm(store: Store, args: argparse.Namespace) -> int:
         raise ConfigError("--remote needs a remote storage (s3://, gs:// or an s3/gcs config)")
     remote = args.remote
     local = args.local or not args.remote
-    manifest = store.manifest(args.dataset_id, args.version)
+    # The cache a user most needs to delete may be one whose manifest cannot be read (empty,
+    # corrupt, oversized, of a newer format): that is said in the question, never a refusal.
+    # Any other error (403, a server down) stops here, before anything is deleted.
+    try:
+        manifest: Optional[Manifest] = store.manifest(args.dataset_id, args.version)
+        unreadable = ""
+    except (CorruptCacheError, IncompatibleCacheError) as error:
+        manifest, unreadable = None, str(error)
     targets = []
     if remote:
         targets.append(f"the published cache {store.location(args.dataset_id, args.version)}")
@@ -352,11 +365,11 @@ def cmd_rm(store: Store, args: argparse.Namespace) -> int:
         targets.append(f"{what}{_local_copy_path(store, args.dataset_id, args.version)}")
     target_text = " and ".join(targets)
     if not args.yes:
-        question = (
-            f"Remove cache {args.dataset_id} {args.version} "
-            f"({manifest.num_records:,} records, {format_bytes(manifest.total_size_bytes)}): "
-            f"delete {target_text}? [y/N] "
-        )
+        if manifest is not None:
+            about = f"{manifest.num_records:,} records, {format_bytes(manifest.total_size_bytes)}"
+        else:
+            about = f"manifest unreadable: {unreadable}"
+        question = f"Remove cache {args.dataset_id} {args.version} ({about}): delete {target_text}? [y/N] "
         try:
             answer = input(question)
         except EOFError:

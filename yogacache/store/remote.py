@@ -671,7 +671,7 @@ class RemoteCacheStore:
         if remote:
             prefix = self.key(dataset_id, dataset_version)
             manifest_key = self.key(dataset_id, dataset_version, MANIFEST_NAME)
-            if self.objects.read(manifest_key) is None:
+            if self.objects.read(manifest_key, max_bytes=0) is None:  # whether it exists, not its bytes
                 raise CacheNotFoundError(f"no published cache at {self.objects.url(prefix)}")
             self.objects.delete(manifest_key)  # unpublish first
             for info in self.objects.list(prefix):
