@@ -61,3 +61,50 @@ def test_build_with_a_wrong_function_name_is_one_clear_line(tmp_path: Path) -> N
         assert len(lines) == 1 and lines[0].startswith("yogacache: error:"), result.stderr
         assert all(word in lines[0] for word in words), lines[0]
     assert not (storage / "ds" / "v1").exists()
+
+
+SQUARES = """
+import numpy as np
+
+class Squares:  # defined in the file: workers must import this very file to unpickle it
+    def __init__(self, n):
+        self.n = n
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        return {"i": np.int64(i), "sq": np.int64(i * i)}
+
+def make():
+    return Squares(500)
+"""
+
+
+def test_build_from_a_file_with_workers(tmp_path: Path) -> None:
+    """``FILE.py:FUNCTION --workers 2`` imports the file as a module that spawned workers import
+    the same way (it was loaded under a name no worker could import: PicklingError)."""
+    project = tmp_path / "project"
+    project.mkdir()
+    for name in ("data.py", "my-data.py"):
+        (project / name).write_text(SQUARES)
+    storage = tmp_path / "caches"
+    for version, spec, cwd in (
+        ("v1", "data.py:make", project),
+        ("v2", str(project / "data.py") + ":make", REPO),
+        ("v3", str(project / "my-data.py") + ":make", tmp_path),
+    ):
+        result = run_cli("build", "sq", version, spec, "--workers", "2", "--storage", str(storage), cwd=cwd)
+        assert result.returncode == 0, (spec, result.stderr)
+        assert f"built sq {version}: 500 records" in result.stdout
+        with CacheStore(storage).open("sq", version) as reader:
+            records = reader.read_elements(range(len(reader)))
+            assert [(int(r["i"]), int(r["sq"])) for r in records] == [(i, i * i) for i in range(500)]
+
+
+def test_build_from_a_file_named_like_an_imported_module_says_rename_it(tmp_path: Path) -> None:
+    (tmp_path / "json.py").write_text(SQUARES)  # "json" is already imported, from the library
+    spec = str(tmp_path / "json.py") + ":make"
+    result = run_cli("build", "sq", "v1", spec, "--storage", str(tmp_path / "c"), cwd=REPO)
+    assert result.returncode == 1 and "rename the file" in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr and not (tmp_path / "c" / "sq").exists()

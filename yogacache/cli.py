@@ -7,7 +7,6 @@ import copy
 import datetime
 import difflib
 import importlib
-import importlib.util
 import json
 import logging
 import os
@@ -357,6 +356,11 @@ def cmd_rm(store: Store, args: argparse.Namespace) -> int:
         unreadable = ""
     except (CorruptCacheError, IncompatibleCacheError) as error:
         manifest, unreadable = None, str(error)
+    except CacheNotFoundError:
+        if not remote:
+            raise
+        # No manifest: rm --remote still removes what a publish that never finished left there.
+        manifest, unreadable = None, "no manifest"
     targets = []
     if remote:
         targets.append(f"the published cache {store.location(args.dataset_id, args.version)}")
@@ -517,21 +521,18 @@ def _publisher(store: Store, args: argparse.Namespace) -> Store:
 
 
 def load_callable(spec: str) -> Callable[[], Any]:
-    """``package.module:function`` or ``path/to/file.py:function``."""
+    """``package.module:function`` or ``path/to/file.py:function``.
+
+    A file is imported by its name from its directory (``data.py`` as module ``data``), like a
+    module: what it defines can then be pickled by name, and processes that ``--workers``
+    spawns import it the same way (they inherit ``sys.path``).
+    """
     module_name, _, attribute = spec.rpartition(":")
     if not module_name or not attribute:
         raise ConfigError(f"expected MODULE:FUNCTION or FILE.py:FUNCTION, got {spec!r}")
     try:
         if module_name.endswith(".py"):
-            path = Path(module_name).expanduser()
-            if not path.is_file():
-                raise ConfigError(f"no such file: {path}")
-            module_spec = importlib.util.spec_from_file_location(path.stem, path)
-            if module_spec is None or module_spec.loader is None:
-                raise ConfigError(f"cannot import {path}")
-            module = importlib.util.module_from_spec(module_spec)
-            sys.path.insert(0, str(path.resolve().parent))
-            module_spec.loader.exec_module(module)
+            module = _import_file(Path(module_name).expanduser())
         else:
             sys.path.insert(0, os.getcwd())
             module = importlib.import_module(module_name)
@@ -541,6 +542,29 @@ def load_callable(spec: str) -> Callable[[], Any]:
     if not callable(function):
         raise ConfigError(f"{module_name} has no function {attribute!r}")
     return function  # type: ignore[no-any-return]
+
+
+def _import_file(path: Path) -> Any:
+    """Imports ``path`` (a ``.py`` file) as the module named by its stem, from its directory."""
+    if not path.is_file():
+        raise ConfigError(f"no such file: {path}")
+    path = path.resolve()
+    name = path.stem
+    if "." in name or not name:
+        raise ConfigError(f"cannot import {path}: its name is not a module name (rename it without dots)")
+    loaded = sys.modules.get(name)
+    if loaded is None:
+        sys.path.insert(0, str(path.parent))
+        importlib.invalidate_caches()
+        loaded = importlib.import_module(name)
+    origin = getattr(loaded, "__file__", None)
+    if origin is None or Path(origin).resolve() != path:
+        where = f"from {origin}" if origin else "built in"
+        raise ConfigError(
+            f"cannot import {path} as module {name!r}: a module of that name is already imported ({where}); "
+            "rename the file"
+        )
+    return loaded
 
 
 def positive_int(text: str) -> int:
