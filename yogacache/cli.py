@@ -10,6 +10,7 @@ import importlib
 import json
 import logging
 import os
+import select
 import shutil
 import signal
 import sys
@@ -767,6 +768,27 @@ def _missing_library(error: ImportError) -> str:
     return f"a library this needs is not installed ({name}): {text}"
 
 
+# What a program killed by SIGPIPE exits with (``yes | head``): the reader of stdout went away.
+EXIT_STDOUT_GONE = 128 + 13
+
+
+def _stdout_gone() -> bool:
+    """Whether the reader of stdout went away (``yogacache ls | head``); if so, stdout is pointed
+    at /dev/null, as Python's documentation of SIGPIPE advises, so that the interpreter's last
+    flush on exit does not fail again."""
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        gone = any(event & (select.POLLERR | select.POLLHUP) for _, event in poller.poll(0))
+    except (AttributeError, OSError, ValueError):  # no poll, or stdout is no file
+        return False
+    if gone:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    return gone
+
+
 # -- the parser --------------------------------------------------------------------------------
 def _add_global_options(parser: argparse.ArgumentParser, *, suppress: bool) -> None:
     """``--storage`` and friends; a subcommand's copies default to SUPPRESS so that options given
@@ -985,7 +1007,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         store = open_cli_store(
             args.storage, args.endpoint_url, args.local_cache, must_exist=args.command not in ("build", "import")
         )
-        return int(args.run(store, args))
+        code = int(args.run(store, args))
+        sys.stdout.flush()  # here, where a reader gone away (``| head``) is handled below
+        return code
+    except BrokenPipeError as error:
+        if not _stdout_gone():
+            progress.close_all()
+            print(f"yogacache: error: {error}", file=sys.stderr)
+            return 1
+        progress.close_all()
+        return EXIT_STDOUT_GONE
     except KeyboardInterrupt as interrupt:
         progress.close_all()
         if threading.current_thread() is threading.main_thread():

@@ -1,0 +1,41 @@
+"""``yogacache ls --json | head``: a reader that stops early ends the command quietly (exit 141,
+as ``cat`` or ``yes`` would by SIGPIPE), never with "[Errno 32] Broken pipe" or a traceback."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.cloud_helpers import python_env
+from yogacache.store.local import CacheStore
+
+
+@pytest.fixture(scope="module")
+def many_caches(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Enough caches that ``ls --json`` prints more than a pipe holds (64 KiB)."""
+    store = CacheStore(tmp_path_factory.mktemp("many") / "caches", show_progress=False)
+    for i in range(200):
+        store.build(f"dataset{i:03d}", "v1", [{"x": i}])
+    return store.root
+
+
+@pytest.mark.parametrize("command", [["ls", "--json"], ["ls"]])
+def test_a_reader_that_stops_early_ends_the_command_quietly(command: list[str], many_caches: Path) -> None:
+    process = subprocess.Popen(
+        [sys.executable, "-m", "yogacache", *command, "--storage", str(many_caches)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env={**python_env(), "COLUMNS": "200"},
+    )
+    assert process.stdout is not None and process.stderr is not None
+    head = process.stdout.read(100)  # like `head -c 100`
+    process.stdout.close()  # ... and gone: the rest cannot be written
+    stderr = process.stderr.read().decode()
+    code = process.wait(timeout=120)
+    assert head.startswith(b"[" if "--json" in command else b"DATASET")
+    assert stderr == "", stderr
+    assert code == 141
+    assert len(CacheStore(many_caches).list()) == 200  # nothing was touched
