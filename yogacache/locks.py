@@ -10,6 +10,7 @@ directory reached without following a link another user planted.
 
 from __future__ import annotations
 
+import datetime
 import errno
 import fcntl
 import os
@@ -201,3 +202,43 @@ def _holder(fd: int) -> Optional[str]:
     except OSError:
         return None
     return text or None
+
+
+def cache_lock_path(directory: Path) -> Path:
+    """The lock every process that builds, downloads or removes the cache at ``directory``
+    holds: ``<parent>/.<name>.lock``."""
+    return directory.parent / f".{directory.name}.lock"
+
+
+def busy_note(directory: Path) -> str:
+    """What to add to "no cache at ``directory``" while another process holds its lock: who
+    (pid, host), since when, and how to wait. Empty when nobody holds it.
+
+    Looks without taking the lock from its holder: a shared ``flock`` tried without waiting
+    fails exactly while someone holds it.
+    """
+    path = cache_lock_path(directory)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return ""
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except OSError as error:
+            if error.errno not in (errno.EAGAIN, errno.EACCES):
+                return ""
+        else:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            return ""  # a lock file nobody holds: no build is under way
+        holder = _holder(fd) or ""
+        since = datetime.datetime.fromtimestamp(os.fstat(fd).st_mtime, datetime.timezone.utc)
+    finally:
+        os.close(fd)
+    host, _, pid = holder.rpartition(":")
+    who = f"pid {pid} on {host}" if pid.isdigit() and host else "another process"
+    return (
+        f"; {who} is building (or downloading) it: it has held {path} since "
+        f"{since.strftime('%Y-%m-%d %H:%M:%S UTC')}. Wait for that process to finish and try again "
+        "(get_or_build, cacheable and the DataLayer decorators wait by themselves)"
+    )

@@ -19,6 +19,7 @@ from yogacache.errors import (
 )
 from yogacache.format.codec import CODEC_NAME
 from yogacache.format.spec import Spec, spec_from_json, spec_to_json
+from yogacache.locks import busy_note
 from yogacache.names import validate_name, validate_version
 
 FORMAT_NAME = "yogacache"
@@ -243,7 +244,7 @@ class Manifest:
                 size = os.fstat(handle.fileno()).st_size
                 data = handle.read(min(size, MAX_MANIFEST_BYTES) + 1)
         except FileNotFoundError as error:
-            raise CacheNotFoundError(f"no cache at {directory} (no {MANIFEST_NAME})") from error
+            raise CacheNotFoundError(f"no cache at {directory} (no {MANIFEST_NAME}){busy_note(directory)}") from error
         except (IsADirectoryError, NotADirectoryError) as error:
             raise CorruptCacheError(f"manifest {path} is not a file") from error
         if len(data) > MAX_MANIFEST_BYTES:

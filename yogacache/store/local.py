@@ -20,7 +20,7 @@ from yogacache.format.integrity import Verify
 from yogacache.format.manifest import MANIFEST_NAME, Manifest
 from yogacache.format.sources import RecordSource, manifest_extra, sharded_build_of, source_for
 from yogacache.format.writer import DEFAULT_PART_SIZE, BuildLimits, CacheWriter
-from yogacache.locks import FileLock
+from yogacache.locks import FileLock, busy_note, cache_lock_path
 from yogacache.malloc import keep_freed_memory
 from yogacache.names import validate_name, validate_version
 from yogacache.progress import Progress, waiter
@@ -83,8 +83,7 @@ class CacheStore:
         return str(self.cache_dir(dataset_id, dataset_version))
 
     def lock_path(self, dataset_id: str, dataset_version: str) -> Path:
-        directory = self.cache_dir(dataset_id, dataset_version)
-        return directory.parent / f".{directory.name}.lock"
+        return cache_lock_path(self.cache_dir(dataset_id, dataset_version))
 
     def lock(
         self, dataset_id: str, dataset_version: str, on_wait: Optional[Callable[[Optional[str]], None]] = None
@@ -146,9 +145,7 @@ class CacheStore:
         except (FileNotFoundError, NotADirectoryError):
             if not last and _being_replaced(directory):
                 return None
-            raise CacheNotFoundError(
-                f"no cache for dataset {dataset_id!r} version {dataset_version!r} under {self.root}"
-            ) from None
+            raise self._not_found(dataset_id, dataset_version) from None
         try:
             try:
                 manifest = Manifest.load(directory)
@@ -162,11 +159,16 @@ class CacheStore:
             reader.close()
             return None
         except CacheNotFoundError:
-            raise CacheNotFoundError(
-                f"no cache for dataset {dataset_id!r} version {dataset_version!r} under {self.root}"
-            ) from None
+            raise self._not_found(dataset_id, dataset_version) from None
         finally:
             os.close(held)
+
+    def _not_found(self, dataset_id: str, dataset_version: str) -> CacheNotFoundError:
+        """"No cache", and who is building it when a process holds its lock (``busy_note``)."""
+        note = busy_note(self.cache_dir(dataset_id, dataset_version))
+        return CacheNotFoundError(
+            f"no cache for dataset {dataset_id!r} version {dataset_version!r} under {self.root}{note}"
+        )
 
     # -- building -------------------------------------------------------------------------
     def build(self, dataset_id: str, dataset_version: str, data: Any) -> Manifest:

@@ -33,7 +33,7 @@ from yogacache.format.yogadl_legacy import (
     carry_over,
     legacy_state_of,
 )
-from yogacache.locks import FileLock
+from yogacache.locks import FileLock, busy_note
 from yogacache.progress import Progress
 from yogacache.read.reader import CacheReader
 from yogacache.store.base import Store
@@ -248,9 +248,9 @@ def fetch(store: Store, dataset_id: str, dataset_version: str) -> CacheReader:
     """``store.open``, where a YogaDL cache counts as a cache (converted on first use)."""
     if _objects(store) is None:
         if _resolve(store, dataset_id, dataset_version) is None:
+            where = store.location(dataset_id, dataset_version)
             raise CacheNotFoundError(
-                f"no cache for dataset {dataset_id!r} version {dataset_version!r} at "
-                f"{store.location(dataset_id, dataset_version)}"
+                f"no cache for dataset {dataset_id!r} version {dataset_version!r} at {where}{busy_note(Path(where))}"
             )
         return store.open(dataset_id, dataset_version)
     # Remote: a cache hit costs what store.open costs; the cache.mdb object is listed only on a
