@@ -168,3 +168,60 @@ def test_large_records_hold_no_record_sized_buffer_after_open_or_after_a_read(tm
     finally:
         tracemalloc.stop()
     assert isinstance(reader, CacheReader)
+
+
+# -- elements that change between records: the message names the element, the key and both sides ---
+
+
+@pytest.mark.parametrize(
+    "odd, words",
+    [
+        (
+            {"a": {"b": np.zeros(2, np.int64)}, "c": np.int64(0)},
+            ["dtype changed between elements", "element 3['a']['b']", "is int64", "expected float32"],
+        ),
+        (
+            {"a": {"z": np.zeros(2, np.float32)}, "c": np.int64(0)},
+            ["element structure changed between elements", "element 3['a']", "keys ['z']", "expected",
+             "keys ['b']"],
+        ),
+        (
+            {"a": (np.zeros(2, np.float32),), "c": np.int64(0)},
+            ["element structure changed between elements", "element 3['a']", "is a 1-tuple",
+             "expected a dict with keys ['b']"],
+        ),
+        (
+            {"a": {"b": np.zeros(2, np.float32)}},
+            ["element structure changed between elements", "element 3 ", "keys ['a']",
+             "expected a dict with keys ['a', 'c']"],
+        ),
+    ],
+    ids=["dtype", "keys", "dict-to-tuple", "missing-key"],
+)
+def test_an_element_that_changes_names_its_index_key_and_both_sides(
+    tmp_path: Path, odd: Any, words: list[str]
+) -> None:
+    store = make_store(tmp_path)
+    # Shapes vary (element by element encoding), then element 3 changes.
+    good = [{"a": {"b": np.zeros(n + 1, np.float32)}, "c": np.int64(n)} for n in range(3)]
+    with pytest.raises(UnsupportedDatasetError) as raised:
+        store.build("odd", "v1", [*good, odd, *good])
+    for word in words:
+        assert word in str(raised.value), (word, str(raised.value))
+    assert not store.exists("odd", "v1")
+
+
+def test_a_change_after_many_fixed_shape_elements_names_the_element_index(tmp_path: Path) -> None:
+    """Same-shape elements are encoded a batch at a time; the index is still the element's own."""
+    store = make_store(tmp_path)
+    data: list[Any] = [(np.int64(i), np.float32(i)) for i in range(600)]
+    data[517] = (np.int64(517),)
+    with pytest.raises(UnsupportedDatasetError) as raised:
+        store.build("odd", "v1", data)
+    message = str(raised.value)
+    assert "element structure changed between elements" in message
+    assert "element 517 is a 1-tuple, expected a 2-tuple" in message, message
+    data[517] = (np.int64(517), np.float64(517))
+    with pytest.raises(UnsupportedDatasetError) as raised:
+        store.build("odd", "v1", data)
+    assert "element 517[1] is float64, expected float32" in str(raised.value), str(raised.value)

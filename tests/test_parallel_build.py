@@ -323,7 +323,11 @@ def test_bad_input_gets_a_clear_error(tmp_path: Path) -> None:
         builder_shards(lambda shard_index, num_shards: DATA, 2)
     store = CacheStore(tmp_path, show_progress=False)
     mixed = call_shards([functools_partial(records_of, 0, 10), functools_partial(strings, 10)])
-    with pytest.raises(UnsupportedDatasetError, match="build shard 1 of ds:v1 holds other elements"):
+    with pytest.raises(
+        UnsupportedDatasetError,
+        match=r"build shard 1 of ds:v1 \(its records from index 10\) holds other elements .* "
+        r"found a string value, expected a dict with keys \['id', 'text', 'x'\]",
+    ):
         store.build("ds", "v1", sharded(mixed, 2))
     assert leftovers(tmp_path) == []
 

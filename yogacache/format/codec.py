@@ -17,7 +17,16 @@ import numpy as np
 
 from yogacache.errors import CorruptCacheError, UnsupportedDatasetError
 from yogacache.format.layout import FixedLayout
-from yogacache.format.spec import STRING, Spec, as_leaf_array, numpy_dtype, spec_leaves, to_bytes
+from yogacache.format.spec import (
+    STRING,
+    Spec,
+    as_leaf_array,
+    key_path,
+    leaf_paths,
+    numpy_dtype,
+    spec_leaves,
+    to_bytes,
+)
 
 # The codec that wrote a cache's records, as recorded in its manifest.
 CODEC_NAME = "msgpack-leaves-v1"
@@ -35,6 +44,10 @@ class RecordCodec:
                 "least one array, number, string or bytes leaf"
             )
         self._dtypes = [numpy_dtype(leaf.dtype) for leaf in self.leaves]
+        # How encoding errors name a leaf: its index and where it sits in the element.
+        self._names = [
+            f"leaf {i} ({key_path(path)})" if path else f"leaf {i}" for i, path in enumerate(leaf_paths(spec))
+        ]
         # Batches can be stacked into dense columns only when every leaf has a fixed shape.
         self.stackable = all(leaf.is_fully_defined for leaf in self.leaves)
         self._packer = msgpack.Packer(use_bin_type=True, autoreset=True)
@@ -55,17 +68,17 @@ class RecordCodec:
         array = as_leaf_array(value)
         if not leaf.accepts(array.shape):
             raise UnsupportedDatasetError(
-                f"leaf {index} has shape {array.shape}, incompatible with spec shape {leaf.shape}"
+                f"{self._names[index]} has shape {array.shape}, incompatible with spec shape {leaf.shape}"
             )
         if leaf.dtype == STRING:
             if array.dtype != object:
-                raise UnsupportedDatasetError(f"leaf {index} should hold strings, got {array.dtype}")
+                raise UnsupportedDatasetError(f"{self._names[index]} should hold strings, got {array.dtype}")
             return [STRING, list(array.shape), [to_bytes(v) for v in array.reshape(-1)]]
         if array.dtype.byteorder == ">":
             array = array.astype(array.dtype.newbyteorder("<"))
         if array.dtype != self._dtypes[index]:
             raise UnsupportedDatasetError(
-                f"leaf {index} has dtype {array.dtype.name}, the spec says {leaf.dtype}"
+                f"{self._names[index]} has dtype {array.dtype.name}, the spec says {leaf.dtype}"
             )
         return [leaf.dtype, list(array.shape), np.ascontiguousarray(array).tobytes()]
 

@@ -17,7 +17,16 @@ from typing import Any, Callable, Iterable, Iterator, Optional, Protocol
 from yogacache.errors import UnsupportedDatasetError
 from yogacache.format.codec import RecordCodec
 from yogacache.format.layout import FixedLayout
-from yogacache.format.spec import Spec, TensorSpec, flatten, flattener, generalize, infer_spec, spec_leaves
+from yogacache.format.spec import (
+    ElementChangedError,
+    Spec,
+    TensorSpec,
+    flatten,
+    flattener,
+    generalize,
+    infer_spec,
+    spec_leaves,
+)
 
 PYTHON_BATCH = 256
 PYTHON_BATCH_BYTES = 8 << 20  # large elements come in smaller batches (memory, page reuse)
@@ -76,20 +85,26 @@ class PythonSource:
         spec = infer_spec(first)
         codec = RecordCodec(_open_spec(spec))
         fixed = RecordCodec(spec) if FixedLayout.applies(spec_leaves(spec)) else None
-        batch_size = max(1, min(PYTHON_BATCH, PYTHON_BATCH_BYTES // max(1, _element_bytes(first))))
+        batch_size = max(1, min(PYTHON_BATCH, PYTHON_BATCH_BYTES // max(1, element_bytes(first))))
+        start = 0  # the index of the batch's first element
         for batch in _chunks(itertools.chain([first], iterator), batch_size):
             if fixed is not None:  # spec only changes once fixed is dropped
                 encoded = _encode_stacked(fixed, spec, batch)
                 if encoded is not None:
                     self._spec = spec
+                    start += len(batch)
                     yield encoded
                     continue
                 fixed = None  # shapes or dtypes vary: encode element by element from now on
             encoded = []
-            for element in batch:
-                spec = generalize(spec, infer_spec(element))
+            for index, element in enumerate(batch, start):
+                try:
+                    spec = generalize(spec, infer_spec(element))
+                except ElementChangedError as error:
+                    raise error.at_element(index) from None
                 encoded.append(codec.encode(flatten(element, spec)))
             self._spec = spec
+            start += len(batch)
             yield encoded
 
 
@@ -106,12 +121,12 @@ def _encode_stacked(codec: RecordCodec, spec: Spec, batch: list[Any]) -> Optiona
     return encoded if encoded is not None else codec.layout.encode_rows(rows)
 
 
-def _element_bytes(element: Any) -> int:
+def element_bytes(element: Any) -> int:
     """About how many bytes ``element`` holds (arrays by size, anything else counts 64)."""
     if isinstance(element, dict):
-        return sum(_element_bytes(value) for value in element.values())
+        return sum(element_bytes(value) for value in element.values())
     if isinstance(element, (tuple, list)):
-        return sum(_element_bytes(value) for value in element)
+        return sum(element_bytes(value) for value in element)
     nbytes = getattr(element, "nbytes", None)
     return int(nbytes) if isinstance(nbytes, int) else 64
 

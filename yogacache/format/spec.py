@@ -8,7 +8,7 @@ the flat list of leaves, in ``tf.nest`` order (dict keys sorted).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Sequence, Union
+from typing import Any, Callable, Mapping, Optional, Sequence, Union
 
 import numpy as np
 
@@ -71,6 +71,11 @@ class TensorSpec:
 # A spec is a TensorSpec, a tuple of specs, or a dict of specs (keys are strings).
 Spec = Union[TensorSpec, tuple["Spec", ...], dict[str, "Spec"]]
 
+# Where a leaf or a container sits in an element: dict keys and tuple positions from the top.
+KeyPath = tuple[Union[str, int], ...]
+DTYPE = "dtype"
+STRUCTURE = "element structure"
+
 
 def numpy_dtype(name: str) -> np.dtype[Any]:
     """The numpy dtype for a spec dtype name (bfloat16 comes from ml_dtypes)."""
@@ -96,19 +101,18 @@ def spec_leaves(spec: Spec) -> list[TensorSpec]:
     return [leaf for item in spec for leaf in spec_leaves(item)]
 
 
-def flatten(element: Any, spec: Spec) -> list[Any]:
-    """The leaves of ``element``, which must have the structure of ``spec``."""
+def flatten(element: Any, spec: Spec, path: KeyPath = ()) -> list[Any]:
+    """The leaves of ``element``, which must have the structure of ``spec`` (else
+    ElementChangedError naming the key ``path`` where it differs)."""
     if isinstance(spec, TensorSpec):
         return [element]
     if isinstance(spec, dict):
         if not isinstance(element, Mapping) or set(element) != set(spec):
-            raise UnsupportedDatasetError(
-                f"element structure changed: expected a dict with keys {sorted(spec)}"
-            )
-        return [leaf for key in sorted(spec) for leaf in flatten(element[key], spec[key])]
+            raise ElementChangedError(STRUCTURE, path, describe_value(element), describe_spec(spec))
+        return [leaf for key in sorted(spec) for leaf in flatten(element[key], spec[key], (*path, key))]
     if not isinstance(element, (tuple, list)) or len(element) != len(spec):
-        raise UnsupportedDatasetError(f"element structure changed: expected a {len(spec)}-tuple")
-    return [leaf for item, sub in zip(element, spec) for leaf in flatten(item, sub)]
+        raise ElementChangedError(STRUCTURE, path, describe_value(element), describe_spec(spec))
+    return [leaf for i, (item, sub) in enumerate(zip(element, spec)) for leaf in flatten(item, sub, (*path, i))]
 
 
 def flattener(spec: Spec) -> Callable[[Any], Sequence[Any]]:
@@ -226,18 +230,82 @@ def to_bytes(value: Any) -> bytes:
     raise UnsupportedDatasetError(f"cannot cache a leaf of type {type(value).__name__}")
 
 
-def generalize(spec: Spec, other: Spec) -> Spec:
-    """The most specific spec that both ``spec`` and ``other`` satisfy (dims that differ become None)."""
+def generalize(spec: Spec, other: Spec, path: KeyPath = ()) -> Spec:
+    """The most specific spec that both ``spec`` and ``other`` satisfy (dims that differ become None).
+
+    Raises ElementChangedError, naming the key ``path`` where they differ, when ``other`` has
+    another structure or dtype (``spec`` is what was expected, ``other`` what was found).
+    """
     if isinstance(spec, TensorSpec) and isinstance(other, TensorSpec):
         if spec.dtype != other.dtype:
-            raise UnsupportedDatasetError(f"dtype changed between elements: {spec.dtype} vs {other.dtype}")
+            raise ElementChangedError(DTYPE, path, other.dtype, spec.dtype)
         if spec.shape is None or other.shape is None or len(spec.shape) != len(other.shape):
             return TensorSpec(spec.dtype, None)
         return TensorSpec(
             spec.dtype, tuple(a if a == b else None for a, b in zip(spec.shape, other.shape))
         )
     if isinstance(spec, dict) and isinstance(other, dict) and set(spec) == set(other):
-        return {key: generalize(spec[key], other[key]) for key in spec}
+        return {key: generalize(spec[key], other[key], (*path, key)) for key in spec}
     if isinstance(spec, tuple) and isinstance(other, tuple) and len(spec) == len(other):
-        return tuple(generalize(a, b) for a, b in zip(spec, other))
-    raise UnsupportedDatasetError("element structure changed between elements")
+        return tuple(generalize(a, b, (*path, i)) for i, (a, b) in enumerate(zip(spec, other)))
+    raise ElementChangedError(STRUCTURE, path, describe_spec(other), describe_spec(spec))
+
+
+# -- naming where elements differ ------------------------------------------------------------------
+
+def key_path(path: KeyPath) -> str:
+    """``path`` as it would be indexed in Python: ``['image']['size'][0]``."""
+    return "".join(f"[{key!r}]" for key in path)
+
+
+def leaf_paths(spec: Spec, path: KeyPath = ()) -> list[KeyPath]:
+    """The key path of each leaf of ``spec``, in flattening order (as ``spec_leaves``)."""
+    if isinstance(spec, TensorSpec):
+        return [path]
+    if isinstance(spec, dict):
+        return [leaf for key in sorted(spec) for leaf in leaf_paths(spec[key], (*path, key))]
+    return [leaf for i, item in enumerate(spec) for leaf in leaf_paths(item, (*path, i))]
+
+
+def describe_spec(spec: Spec) -> str:
+    """What an element of ``spec`` is, in a few words (for messages)."""
+    if isinstance(spec, TensorSpec):
+        return f"a {spec.dtype} value"
+    if isinstance(spec, dict):
+        return f"a dict with keys {sorted(spec)}"
+    return f"a {len(spec)}-tuple"
+
+
+def describe_value(value: Any) -> str:
+    """What ``value`` is, in the words of ``describe_spec``."""
+    if isinstance(value, Mapping):
+        return f"a dict with keys {sorted(map(str, value))}"
+    if isinstance(value, (tuple, list)):
+        return f"a {len(value)}-tuple" if isinstance(value, tuple) else f"a list of {len(value)}"
+    return f"a {type(value).__name__}"
+
+
+class ElementChangedError(UnsupportedDatasetError):
+    """An element differs from the elements before it in structure or in a leaf's dtype (shapes
+    may vary, these may not). The message names the element (once known), the key path, what
+    was found and what was expected."""
+
+    def __init__(
+        self, change: str, path: KeyPath, found: str, expected: str, element: Optional[int] = None
+    ) -> None:
+        self.change, self.path, self.found, self.expected, self.element = change, path, found, expected, element
+        if element is None:
+            where = f"at {key_path(path)}" if path else "at the top level of an element"
+            what = f"{where}: found {found}, expected {expected}"
+        else:
+            what = f"element {element}{key_path(path)} is {found}, expected {expected}"
+            if element:
+                what += f" (as in element{'s 0-' if element > 1 else ' '}{element - 1})"
+        super().__init__(
+            f"{change} changed between elements: {what}. Every element must have the same "
+            "structure and dtypes (only shapes may vary)"
+        )
+
+    def at_element(self, index: int) -> ElementChangedError:
+        """This error, naming ``index`` as the element that changed."""
+        return ElementChangedError(self.change, self.path, self.found, self.expected, index)

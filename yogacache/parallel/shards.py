@@ -329,8 +329,8 @@ def assemble_manifest(
                 spec = shard_spec if spec is None else generalize(spec, shard_spec)
             except UnsupportedDatasetError as error:
                 raise UnsupportedDatasetError(
-                    f"build shard {result.index} of {dataset_id}:{dataset_version} holds other elements "
-                    f"than the shards before it: {error}"
+                    f"build shard {result.index} of {dataset_id}:{dataset_version} (its records from "
+                    f"index {total}) holds other elements than the shards before it: {error}"
                 ) from None
         for part in result.parts:
             key = part.first_key if part.first_key is not None else part.first_record
