@@ -1,0 +1,200 @@
+"""The matrix's axes, the combinations that cannot exist (each with its reason), and the all-pairs
+cells: every pair of values of two axes that some valid combination holds is in at least one cell.
+
+``allpairspy`` generates the cells under ``valid``; a pair it leaves out (a constraint can make
+its greedy search miss one) is added with the first valid combination that holds it, so the
+covering is checked, not hoped for (``uncovered_pairs``).
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+AXES: dict[str, tuple[str, ...]] = {
+    "store": ("local", "shared_fs", "s3", "gcs"),
+    "made": ("one", "workers2", "ray", "import", "copy", "mirror", "migrate"),
+    "delivery": ("sync", "stream-full", "stream-half"),
+    "order": ("none", "shard", "global", "parts-w1", "parts-w2", "parts"),
+    "consumer": ("stream", "dataset", "tf", "torch"),
+    "start": ("zero", "mid", "elastic"),
+    "size": ("one", "many", "rec1"),
+}
+NAMES = tuple(AXES)
+
+REMOTE = ("s3", "gcs")
+RESUMABLE_AT_ANY_WORLD_SIZE = ("global", "parts-w1", "parts-w2", "parts")
+
+# Why a combination cannot exist: (axis, value, axis, value, reason) means that those two values
+# never meet. Each reason is what the documentation says.
+EXCLUDED: tuple[tuple[str, str, str, str, str], ...] = tuple(
+    [
+        (
+            "store", store, "delivery", delivery,
+            "a local or shared_fs storage is read in place: nothing is synced or streamed (docs/streaming.md)",
+        )
+        for store in ("local", "shared_fs")
+        for delivery in ("stream-full", "stream-half")
+    ]
+    + [
+        (
+            "store", store, "made", "ray",
+            "a Ray build publishes to an object store (S3, GCS, or a file:// bucket layout), not into a "
+            "directory store's sealed cache directories (docs/parallel-build.md)",
+        )
+        for store in ("local", "shared_fs")
+    ]
+    + [
+        ("store", store, "made", "mirror", "mirrors are S3 or GCS storages (docs/copy.md)")
+        for store in ("local", "shared_fs")
+    ]
+    + [
+        (
+            "made", "mirror", "delivery", delivery,
+            "mirrors cannot be combined with streaming or local_cache_limit yet (store.factory raises ConfigError)",
+        )
+        for delivery in ("stream-full", "stream-half")
+    ]
+    + [
+        (
+            "size", "one", "delivery", "stream-half",
+            "half of a one-part cache is below the smallest budget a streamed read works in (one part: "
+            "store.streaming.minimum_budget refuses it with ConfigError)",
+        )
+    ]
+    + [
+        (
+            "order", order, "start", "elastic",
+            "a resume state of YogaDL's shard order is valid for the same rank and number of ranks only "
+            "(docs/shuffle.md); its mid-epoch resume is the 'mid' start",
+        )
+        for order in ("none", "shard")
+    ]
+)
+
+
+def _excluded_pairs() -> dict[frozenset[tuple[str, str]], str]:
+    return {frozenset({(a, x), (b, y)}): reason for a, x, b, y, reason in EXCLUDED}
+
+
+_EXCLUDED = _excluded_pairs()
+
+
+def valid(values: Sequence[str]) -> bool:
+    """Whether the (partial) combination ``values``, in the order of ``AXES``, can exist."""
+    named = list(zip(NAMES, values))
+    return not any(frozenset(pair) in _EXCLUDED for pair in itertools.combinations(named, 2))
+
+
+def exclusion_reason(cell: dict[str, str]) -> Optional[str]:
+    for pair in itertools.combinations(cell.items(), 2):
+        reason = _EXCLUDED.get(frozenset(pair))
+        if reason:
+            return reason
+    return None
+
+
+@dataclass(frozen=True)
+class Cell:
+    store: str
+    made: str
+    delivery: str
+    order: str
+    consumer: str
+    start: str
+    size: str
+
+    @property
+    def id(self) -> str:
+        return "-".join(f"{name}={getattr(self, name)}" for name in NAMES)
+
+    @property
+    def slow(self) -> bool:
+        return self.made == "ray" or self.consumer == "torch"
+
+    def values(self) -> tuple[str, ...]:
+        return tuple(getattr(self, name) for name in NAMES)
+
+
+def _valid_pairs() -> set[frozenset[tuple[str, str]]]:
+    """Every pair of values (of two axes) that some valid full combination holds.
+
+    The exclusions are pairwise, so a pair is possible when it is not excluded itself and each
+    other axis has a value compatible with both (checked directly, without the full product)."""
+    pairs = set()
+    for (a, b) in itertools.combinations(NAMES, 2):
+        for x in AXES[a]:
+            for y in AXES[b]:
+                if frozenset({(a, x), (b, y)}) in _EXCLUDED:
+                    continue
+                if _completion({a: x, b: y}) is not None:
+                    pairs.add(frozenset({(a, x), (b, y)}))
+    return pairs
+
+
+def _completion(fixed: dict[str, str]) -> Optional[tuple[str, ...]]:
+    """The first valid full combination holding ``fixed`` (depth-first, in axis order)."""
+
+    def extend(prefix: list[str]) -> Optional[list[str]]:
+        if len(prefix) == len(NAMES):
+            return prefix
+        name = NAMES[len(prefix)]
+        for value in ([fixed[name]] if name in fixed else AXES[name]):
+            if valid(prefix + [value]):
+                found = extend(prefix + [value])
+                if found:
+                    return found
+        return None
+
+    found = extend([])
+    return tuple(found) if found else None
+
+
+def _pairs_of(values: Sequence[str]) -> set[frozenset[tuple[str, str]]]:
+    return {frozenset(pair) for pair in itertools.combinations(zip(NAMES, values), 2)}
+
+
+def uncovered_pairs(cells: Sequence[Cell]) -> set[frozenset[tuple[str, str]]]:
+    covered: set[frozenset[tuple[str, str]]] = set()
+    for cell in cells:
+        covered |= _pairs_of(cell.values())
+    return _valid_pairs() - covered
+
+
+def generate() -> list[Cell]:
+    """The all-pairs cells, deterministic (allpairspy's search is, and so is the top-up)."""
+    from allpairspy import AllPairs
+
+    rows = [tuple(row) for row in AllPairs([list(AXES[name]) for name in NAMES], filter_func=valid)]
+    cells = [Cell(*row) for row in rows]
+    missing = uncovered_pairs(cells)
+    while missing:
+        row = _greedy_row(min(missing, key=sorted), missing)
+        cells.append(Cell(*row))
+        missing -= _pairs_of(row)
+    return cells
+
+
+def _greedy_row(pair: frozenset[tuple[str, str]], missing: set[frozenset[tuple[str, str]]]) -> tuple[str, ...]:
+    """A valid combination holding ``pair`` that, axis by axis, takes the value covering the most
+    ``missing`` pairs with the values chosen so far (AETG's greedy step)."""
+    fixed = dict(pair)
+    chosen: dict[str, str] = dict(fixed)
+    for name in NAMES:
+        if name in chosen:
+            continue
+        best: Optional[tuple[int, str]] = None
+        for value in AXES[name]:
+            trial = {**chosen, name: value}
+            if _completion(trial) is None:
+                continue
+            gain = sum(frozenset({(name, value), item}) in missing for item in chosen.items())
+            if best is None or gain > best[0]:
+                best = (gain, value)
+        assert best is not None, (pair, chosen)
+        chosen[name] = best[1]
+    return tuple(chosen[name] for name in NAMES)
+
+
+CELLS = generate()

@@ -1,0 +1,490 @@
+"""The composition matrix (issue 22): all-pairs cells over store x how the cache was made x delivery
+x order x consumer x start x size, each read by several ranks in lockstep on one node and
+compared with an oracle computed from the source.
+
+Per cell:
+
+- **records**: every record read is exactly source record ``i`` (``records.index_of`` checks
+  each leaf, the zero-size one included);
+- **order**: ``none`` and ``shard`` read exactly YogaDL 0.1.4's order (``records.yogadl_order``),
+  from the resume point on; ``global`` and ``parts`` read every record exactly once per epoch
+  across the ranks, ``ceil((N - r) / S)`` on rank ``r``, and reshuffle between epochs;
+- **start**: ``zero`` reads two epochs with two ranks; ``mid`` reads part of epoch 0 with two
+  ranks on one node, then the rest and a whole epoch on a fresh node from ``start_offset``
+  (``none``/``shard``) or the resume state (``global``/``parts``); ``elastic`` does the same
+  but resumes with three ranks (every remaining record exactly once, then whole epochs);
+- **delivery** (on the measured node): a whole sync downloads the cache once; streaming
+  without a budget fetches each part exactly once; streaming under half the cache stays under
+  the budget, fetches every part, and -- for orders made to stream (``none``, ``parts``) read
+  through a consumer that announces its order -- fetches at most ``(D - B)`` more than one
+  epoch over two epochs, plus one part per rank at each end of an epoch (docs/streaming.md,
+  docs/shuffle.md); a local or shared_fs cache is read in place.
+
+A failing cell's id is its coordinates. Combinations that cannot exist are listed with their
+reasons in ``cells.EXCLUDED``.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator, Optional, Sequence
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tests.matrix import records as src
+from tests.matrix.cells import AXES, CELLS, EXCLUDED, Cell, exclusion_reason, uncovered_pairs, valid
+from tests.matrix.conftest import Built, World, build, node_store, part_downloads
+from tests.streaming_helpers import bytes_on_disk
+
+BATCH = 8
+EPOCHS = 2
+
+
+@dataclass(frozen=True)
+class Order:
+    shuffle: bool
+    mode: str
+    window: Optional[int] = None
+
+
+ORDERS = {
+    "none": Order(False, "shard"),
+    "shard": Order(True, "shard"),
+    "global": Order(True, "global"),
+    "parts-w1": Order(True, "parts", 1),
+    "parts-w2": Order(True, "parts", 2),
+    "parts": Order(True, "parts"),  # the default window
+}
+
+
+def stream_kwargs(order: Order, rank: int, shards: int, start_offset: int = 0,
+                  resume: Optional[dict[str, Any]] = None) -> dict[str, Any]:
+    """``DataRef.stream`` keyword arguments of one rank."""
+    kwargs: dict[str, Any] = dict(
+        start_offset=start_offset,
+        shuffle=order.shuffle,
+        shuffle_seed=src.SEED if order.shuffle else None,
+        shard_rank=rank,
+        num_shards=shards,
+        shuffle_mode=order.mode,
+        resume_state=resume,
+    )
+    if order.window is not None:
+        kwargs["parts_window"] = order.window
+    return kwargs
+
+
+# -- consumers: per rank, per epoch, an iterator of batches of records -------------------------------
+def _chunks(items: Iterator[Any]) -> Iterator[list[Any]]:
+    batch: list[Any] = []
+    for item in items:
+        batch.append(item)
+        if len(batch) == BATCH:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
+class StreamConsumer:
+    """``DataRef.stream``: each iteration is the next epoch."""
+
+    def __init__(self, reader: Any, kwargs: dict[str, Any]) -> None:
+        from yogacache.dataref import CacheDataRef
+
+        self.stream = CacheDataRef(reader).stream(**kwargs)
+
+    def epoch(self) -> Iterator[list[Any]]:
+        return _chunks(iter(self.stream))
+
+
+class DatasetConsumer:
+    """``CacheDataset`` random access, at the indices of the rank's plan (batches through
+    ``__getitems__``, and single records through ``[]``)."""
+
+    def __init__(self, reader: Any, kwargs: dict[str, Any]) -> None:
+        from yogacache.read.options import ReadOptions
+        from yogacache.read.parts_shuffle import PartLayout
+        from yogacache.read.schedule import ReadSchedule
+        from yogacache.torch import CacheDataset
+
+        options = ReadOptions.from_stream_args(
+            kwargs["start_offset"], kwargs["shuffle"], False, kwargs["shuffle_seed"], kwargs["shard_rank"],
+            kwargs["num_shards"], shuffle_mode=kwargs["shuffle_mode"], resume_state=kwargs["resume_state"],
+            **({"parts_window": kwargs["parts_window"]} if "parts_window" in kwargs else {}),
+        )
+        self.dataset = CacheDataset(reader, output="numpy")
+        self.schedule = ReadSchedule(len(reader), options, PartLayout.from_manifest(reader.manifest))
+        self.point = self.schedule.start
+
+    def epoch(self) -> Iterator[list[Any]]:
+        epoch, position = self.point
+        self.point = (epoch + 1, 0)
+        plan = self.schedule.plan(epoch, position)
+        indices = [int(i) for i in plan.indices(0, len(plan))]
+        for start in range(0, len(indices), BATCH):
+            chunk = indices[start : start + BATCH]
+            if start // BATCH % 2:
+                yield [self.dataset[i] for i in chunk]
+            else:
+                yield self.dataset.__getitems__(chunk)
+
+
+class TFConsumer:
+    """``yogacache.tensorflow.make_tf_dataset(stream)``: each iteration is the next epoch."""
+
+    def __init__(self, reader: Any, kwargs: dict[str, Any]) -> None:
+        from yogacache.dataref import CacheDataRef
+        from yogacache.tensorflow import make_tf_dataset
+
+        self.dataset = make_tf_dataset(CacheDataRef(reader).stream(**kwargs))
+
+    def epoch(self) -> Iterator[list[Any]]:
+        return _chunks(iter(self.dataset.as_numpy_iterator()))
+
+
+class TorchConsumer:
+    """``CacheIterableDataset`` through ``CacheDataLoader``: rank 0 with 2 spawned workers, the
+    other ranks in-process (each spawned worker imports torch afresh, seconds on the shared
+    2-core machine; rank 0's two workers per epoch are what the matrix needs)."""
+
+    def __init__(self, reader: Any, kwargs: dict[str, Any]) -> None:
+        from yogacache.torch import CacheIterableDataset
+
+        self.dataset = CacheIterableDataset(reader, output="numpy", **kwargs)
+        self.workers = 2 if kwargs["shard_rank"] == 0 else 0
+        self.first = True
+
+    def epoch(self) -> Iterator[list[Any]]:
+        from yogacache.torch import CacheDataLoader
+
+        if not self.first:
+            self.dataset.next_epoch()
+        self.first = False
+        spawn: dict[str, Any] = {"multiprocessing_context": "spawn"} if self.workers else {}
+        loader = CacheDataLoader(self.dataset, batch_size=BATCH, num_workers=self.workers, **spawn)
+        for batch in loader:
+            size = len(batch["__key__"]) if "__key__" in batch else len(batch["i"])
+            yield [{name: value[j] for name, value in batch.items()} for j in range(size)]
+
+
+CONSUMERS = {"stream": StreamConsumer, "dataset": DatasetConsumer, "tf": TFConsumer, "torch": TorchConsumer}
+
+
+def read_lockstep(consumers: Sequence[Any], epochs: int) -> list[list[list[int]]]:
+    """Reads ``epochs`` epochs on every rank, batch by batch in turn (ranks of one node in
+    lockstep); returns ``[epoch][rank] -> source indices``, every record checked."""
+    out = []
+    for _ in range(epochs):
+        iterators = [consumer.epoch() for consumer in consumers]
+        got: list[list[int]] = [[] for _ in consumers]
+        live = list(range(len(consumers)))
+        while live:
+            for rank in list(live):
+                batch = next(iterators[rank], None)
+                if batch is None:
+                    live.remove(rank)
+                else:
+                    got[rank].extend(src.index_of(record) for record in batch)
+        out.append(got)
+    return out
+
+
+def read_partially(readers: Sequence[Any], order: Order, shards: int, records: int) -> tuple[list[list[int]], Any]:
+    """Each rank reads ``records`` records of epoch 0 through ``DataRef.stream``; returns what
+    each read and rank 0's resume state after them (every rank's must be the same where the
+    state is valid at any world size)."""
+    from yogacache.dataref import CacheDataRef
+
+    read, states = [], []
+    for rank, reader in enumerate(readers):
+        stream = CacheDataRef(reader).stream(**stream_kwargs(order, rank, shards))
+        got = []
+        for element in stream:
+            got.append(src.index_of(element))
+            if len(got) == records:
+                break
+        read.append(got)
+        states.append(stream.state_dict(records))
+    if order.mode != "shard":
+        assert all(state == states[0] for state in states), f"ranks at the same count differ: {states}"
+    return read, states[0]
+
+
+class PeakSampler:
+    """The most bytes the node's streamed parts (temporary files included) held while it read."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.peak = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.peak = max(self.peak, bytes_on_disk(self.directory))
+            self._stop.wait(0.005)
+
+    def __enter__(self) -> PeakSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+# -- the cells --------------------------------------------------------------------------------------
+def _param(cell: Cell) -> Any:
+    marks = [pytest.mark.slow] if cell.slow else []
+    return pytest.param(cell, id=cell.id, marks=marks)
+
+
+@pytest.mark.timeout(420)
+@pytest.mark.parametrize("cell", [_param(cell) for cell in CELLS])
+def test_cell(cell: Cell, world: World, request: pytest.FixtureRequest, tmp_path: Path) -> None:
+    built = build(world, request, cell.store, cell.made, cell.size)
+    order = ORDERS[cell.order]
+    n = built.num_records
+    shards, resumed_shards = 2, 3 if cell.start == "elastic" else 2
+    consumer = CONSUMERS[cell.consumer]
+
+    # Phase 1 (mid, elastic): two ranks read part of epoch 0 on node "a".
+    before: list[list[int]] = [[] for _ in range(shards)]
+    start_offset, resume = 0, None
+    if cell.start != "zero":
+        store_a = node_store(world, built, tmp_path / "node-a", cell.delivery)
+        readers = [store_a.open(built.dataset_id, "v1") for _ in range(shards)]
+        records = max(1, (n // shards) // 3)
+        before, resume = read_partially(readers, order, shards, records)
+        if order.mode == "shard":
+            start_offset, resume = records, None
+        for reader in readers:
+            reader.close()
+
+    # Phase 2 (or the whole cell): the rest of epoch 0 and one more epoch. Whole syncs and
+    # unbudgeted streams: every rank on one node ("node-b"), in lockstep. Under a budget: one node
+    # per rank, each with its own budget, read one after the other and measured apart (nodes are
+    # independent; the read sizes of a cache this small span every part, so ranks sharing one
+    # small budget would not be in lockstep part by part as ranks of a real cache are).
+    proxy = world.proxies.get(cell.store) if cell.store in ("s3", "gcs") else None
+    kwargs = [stream_kwargs(order, rank, resumed_shards, start_offset, resume) for rank in range(resumed_shards)]
+    groups = [list(range(resumed_shards))] if cell.delivery != "stream-half" else [[r] for r in range(resumed_shards)]
+    epochs: list[list[list[int]]] = [[[] for _ in range(resumed_shards)] for _ in range(EPOCHS)]
+    nodes = []
+    for group in groups:
+        node = tmp_path / f"node-b{group[0]}"
+        since = len(proxy.log) if proxy is not None else 0
+        store = node_store(world, built, node, cell.delivery)
+        readers = [store.open(built.dataset_id, "v1") for _ in group]
+        consumers = [consumer(reader, kwargs[rank]) for rank, reader in zip(group, readers)]
+        with PeakSampler(node / "yogadl_local_cache" / ".parts" / built.dataset_id / "v1") as sampler:
+            read = read_lockstep(consumers, EPOCHS)
+        for reader in readers:
+            reader.close()
+        for e in range(EPOCHS):
+            for rank, got in zip(group, read[e]):
+                epochs[e][rank] = got
+        fetched = part_downloads(proxy, since, cell.store) if proxy is not None else []
+        nodes.append(Node(group, readers, fetched, sampler.peak))
+
+    check_order(cell, order, n, shards, resumed_shards, before, epochs, start_offset)
+    check_delivery(cell, order, built, nodes, proxy, resumed_shards)
+    if cell.made == "mirror":
+        check_mirror_filled(world, built)
+
+
+@dataclass
+class Node:
+    """What one node of a cell did: its ranks, their readers, the part downloads it made
+    (file name, bytes) and the most bytes of streamed parts it held."""
+
+    ranks: list[int]
+    readers: list[Any]
+    fetched: list[tuple[str, int]]
+    peak: int
+
+
+def check_order(cell: Cell, order: Order, n: int, shards: int, resumed_shards: int, before: list[list[int]],
+                epochs: list[list[list[int]]], start_offset: int) -> None:
+    where = f"[{cell.id}]"
+    if order.mode == "shard":  # none and shard: YogaDL's exact order, from the resume point on
+        for rank in range(resumed_shards):
+            expected = src.yogadl_order(n, rank, shards, shuffle=order.shuffle, seed=src.SEED,
+                                        start_offset=start_offset, epochs=EPOCHS)
+            if start_offset:
+                first = src.yogadl_order(n, rank, shards, shuffle=order.shuffle, seed=src.SEED,
+                                         start_offset=0, epochs=1)[0]
+                assert before[rank] == first[:start_offset], f"{where} rank {rank}: the first records read"
+            for e in range(EPOCHS):
+                assert epochs[e][rank] == expected[e], (
+                    f"{where} rank {rank} epoch {e}: expected {expected[e][:12]}..., got {epochs[e][rank][:12]}..."
+                )
+        return
+    # global and parts: every record exactly once per epoch across the ranks
+    first = sorted([i for got in before for i in got] + [i for got in epochs[0] for i in got])
+    assert first == list(range(n)), f"{where} epoch 0 (before and after the resume): {_diff(first, n)}"
+    for e in range(1, EPOCHS):
+        whole = sorted(i for got in epochs[e] for i in got)
+        assert whole == list(range(n)), f"{where} epoch {e}: {_diff(whole, n)}"
+        lengths = [len(got) for got in epochs[e]]
+        assert lengths == [math.ceil((n - r) / resumed_shards) for r in range(resumed_shards)], (
+            f"{where} epoch {e}: records per rank {lengths}"
+        )
+    if cell.start == "zero" and n > 8:
+        assert epochs[0] != epochs[1], f"{where}: epoch 1 repeats epoch 0's order"
+
+
+def _diff(got: list[int], n: int) -> str:
+    counts = np.bincount(np.asarray(got, dtype=np.int64), minlength=n) if got else np.zeros(n, np.int64)
+    missing = [int(i) for i in np.flatnonzero(counts == 0)][:10]
+    doubled = [int(i) for i in np.flatnonzero(counts > 1)][:10]
+    return f"{len(got)} records of {n}; missing {missing}, read twice {doubled}"
+
+
+def check_delivery(cell: Cell, order: Order, built: Built, nodes: Sequence[Node], proxy: Any, ranks: int) -> None:
+    where = f"[{cell.id}]"
+    manifest = built.manifest
+    total = manifest.total_size_bytes
+    readers = [reader for node in nodes for reader in node.readers]
+    if proxy is None:  # local, shared_fs: read in place, never copied
+        root = built.location["root"].resolve()
+        for reader in readers:
+            assert Path(reader.directory).resolve().is_relative_to(root), f"{where} read from {reader.directory}"
+        return
+    streamed = [".parts" in str(reader.directory) for reader in readers]
+    all_parts = sorted(_PART_NAME(part.name) for part in manifest.parts)
+    if cell.delivery == "sync":
+        (node,) = nodes
+        fetched_bytes = sum(size for _, size in node.fetched)
+        assert not any(streamed), f"{where}: a whole sync streamed"
+        assert fetched_bytes == total, f"{where}: a whole sync fetched {fetched_bytes} bytes of a {total}-byte cache"
+        return
+    assert all(streamed), f"{where}: the cache was not streamed"
+    if cell.delivery == "stream-full":
+        (node,) = nodes
+        names = [name for name, _ in node.fetched]
+        twice = sorted({name for name in names if names.count(name) > 1})
+        assert not twice, f"{where}: parts fetched more than once by one node without a budget: {twice}"
+        assert sorted(names) == all_parts, f"{where}: fetched {sorted(names)}, the cache has {all_parts}"
+        assert sum(size for _, size in node.fetched) == total, f"{where}: fetched other bytes than the cache's {total}"
+        return
+    limit = total // 2
+    largest = max(part.size_bytes for part in manifest.parts)
+    fetched_names = sorted({name for node in nodes for name, _ in node.fetched})
+    assert fetched_names == all_parts, f"{where}: the nodes fetched {fetched_names}, the cache has {all_parts}"
+    for node in nodes:
+        held = f"{where} rank {node.ranks}: its node held {node.peak} bytes of parts"
+        assert 0 < node.peak <= limit, f"{held}, budget {limit}"
+    if cell.consumer == "dataset":
+        return  # random access announces no read order: nothing is promised about refetches
+    # What may be fetched ahead into the epoch after the last one read: a quarter of the budget.
+    ahead = limit // 4
+    if not order.shuffle:
+        # A sequential epoch: the whole cache, then (cache - budget) and a part (docs/streaming.md).
+        bound = total + (total - limit) + 2 * largest + ahead
+        what = "one epoch, then (cache - budget) and a part, and a quarter of the budget ahead"
+    elif order.mode == "parts":
+        # Per epoch, a node's share of the parts plus the one it shares with each neighbour
+        # (docs/shuffle.md); after an elastic resume, the rest of that epoch's parts on every node.
+        share = total // ranks + 3 * largest
+        bound = (total if cell.start == "elastic" else share) + share + ahead
+        what = "its share of the parts and one at each end of its run per epoch, and a quarter of the budget ahead"
+    else:
+        return  # "shard" and "global" re-fetch at random under a budget (docs/shuffle.md): the budget holds
+    for node in nodes:
+        fetched_bytes = sum(size for _, size in node.fetched)
+        print(f"{where} rank {node.ranks}: fetched {fetched_bytes} of {total} bytes ({len(node.fetched)} downloads, "
+              f"{len(all_parts)} parts), peak {node.peak}, budget {limit}, bound {bound}")
+        assert fetched_bytes <= bound, (
+            f"{where} rank {node.ranks}: its node fetched {fetched_bytes} bytes over {EPOCHS} epochs "
+            f"({fetched_bytes / total:.2f} x the cache, {len(node.fetched)} downloads of {len(all_parts)} parts, "
+            f"budget {limit}); promised at most {what}: {bound}"
+        )
+
+
+def _PART_NAME(name: str) -> str:
+    import re
+
+    match = re.search(r"part-[0-9-]+\.mdb", name)
+    assert match, name
+    return match.group(0)
+
+
+def check_mirror_filled(world: World, built: Built) -> None:
+    """The mirror (the store under test) now holds the origin's build, which the node read."""
+    from yogacache.format.manifest import Manifest
+
+    found = world.objects(built.store, built.location["prefix"]).read(f"{built.dataset_id}/v1/manifest.json")
+    assert found is not None, f"the mirror {built.store} was not filled"
+    assert Manifest.from_bytes(found[0], "mirror").build_id == built.manifest.build_id
+
+
+# -- the matrix itself ------------------------------------------------------------------------------
+def test_the_cells_cover_every_possible_pair() -> None:
+    assert uncovered_pairs(CELLS) == set()
+    assert all(valid(cell.values()) for cell in CELLS)
+    assert len({cell.id for cell in CELLS}) == len(CELLS)
+    for name, values in AXES.items():
+        assert {getattr(cell, name) for cell in CELLS} == set(values), name
+
+
+def test_every_dropped_combination_says_why() -> None:
+    for a, x, b, y, reason in EXCLUDED:
+        assert x in AXES[a] and y in AXES[b] and reason
+        assert exclusion_reason({a: x, b: y}) == reason
+
+
+# -- sizes, varied by hypothesis (local store, in place: the read path without a server) --------------
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    n=st.integers(min_value=1, max_value=60),
+    records_per_part=st.sampled_from([1, 2, 7, 1000]),
+    shards=st.integers(min_value=1, max_value=4),
+    sharded_build=st.booleans(),
+    order_name=st.sampled_from(sorted(ORDERS)),
+    offset_fraction=st.floats(min_value=0, max_value=1.5),
+)
+def test_sizes(tmp_path_factory: pytest.TempPathFactory, n: int, records_per_part: int, shards: int,
+               sharded_build: bool, order_name: str, offset_fraction: float) -> None:
+    """Any number of records, parts of 1..many records, a build with shards (keys from 0) or
+    without, any order: one epoch from an offset and one whole epoch match the oracle."""
+    from yogacache.dataref import CacheDataRef
+    from yogacache.parallel import call_shards, sharded
+    from yogacache.store.local import CacheStore
+
+    root = tmp_path_factory.mktemp("sizes")
+    store = CacheStore(root, part_size_bytes=1 if records_per_part == 1 else 330 * records_per_part,
+                       show_progress=False)
+    if sharded_build:
+        import functools
+
+        bounds = src.shard_bounds(n, 3)
+        data: Any = sharded(call_shards([functools.partial(src.records, a, b) for a, b in bounds]), 1)
+    else:
+        data = src.elements(n)
+    store.build("sizes", "v1", data)
+    reader = store.open("sizes", "v1")
+    order = ORDERS[order_name]
+    ref = CacheDataRef(reader)
+    per_rank = [math.ceil((n - r) / shards) for r in range(shards)]
+    if order.mode == "shard":
+        for rank in range(shards):
+            offset = int(per_rank[rank] * offset_fraction)
+            got = [[src.index_of(e) for e in ref.stream(**stream_kwargs(order, rank, shards, offset))]]
+            expected = src.yogadl_order(n, rank, shards, shuffle=order.shuffle, seed=src.SEED,
+                                        start_offset=offset, epochs=1)
+            assert got == expected, (n, records_per_part, shards, rank, offset)
+    else:
+        streams = [ref.stream(**stream_kwargs(order, rank, shards)) for rank in range(shards)]
+        for _ in range(2):
+            epoch = [[src.index_of(e) for e in stream] for stream in streams]
+            assert sorted(i for got in epoch for i in got) == list(range(n))
+            assert [len(got) for got in epoch] == per_rank
+    reader.close()
