@@ -1,7 +1,9 @@
 """Members of source objects (tar streams, zip central directories, plain files) and how they group.
 
-A member is ``(name, bytes)``. Names are keys, never paths: nothing is extracted to disk, and a
-name that is absolute or climbs out (``../x``) is refused. Every member's declared size is
+A member is ``(name, read)``: ``read()`` returns its bytes, at most once and before the next
+member is asked for (a member not read is skipped), so that a finished sample is handed on
+before the next member's bytes are read. Names are keys, never paths: nothing is extracted to
+disk, and a name that is absolute or climbs out (``../x``) is refused. Every member's declared size is
 checked against the build's byte budget before it is decompressed, so a bomb fails cleanly.
 
 WebDataset grouping follows ``webdataset.tariterators``: a name's key is everything up to the
@@ -13,6 +15,8 @@ one sample; names without a dot and top-level ``__*__`` names are skipped.
 from __future__ import annotations
 
 import bz2
+import functools
+import io
 import lzma
 import re
 import struct
@@ -24,7 +28,7 @@ from typing import Any, BinaryIO, Callable, Iterator, Optional, Union
 
 from yogacache.sources.errors import CorruptSourceError
 
-Member = tuple[str, bytes]
+Member = tuple[str, Callable[[], bytes]]
 MAX_MEMBER_BYTES = 1 << 30
 
 TAR_SUFFIXES = (".tar", ".tar.gz", ".tar.gz2", ".tgz", ".tar.bz2", ".tbz", ".tbz2", ".tar.xz", ".txz", ".tar.zst",
@@ -98,6 +102,7 @@ class DecompressedStream:
     cut inside a member raises EOFError."""
 
     _STEP_OUTPUT = 4 << 20
+    _LARGE = 1 << 20  # a read of at least this many bytes is assembled in a buffer of its own
 
     def __init__(self, raw: Any, chunk: int = 1 << 20) -> None:
         self._chunk = chunk
@@ -140,6 +145,8 @@ class DecompressedStream:
 
     def read(self, size: int = -1) -> bytes:
         wanted = (1 << 62) if size is None or size < 0 else size
+        if self._LARGE <= wanted < (1 << 62) and len(self._buffer) - self._offset < wanted:
+            return self._read_large(wanted)
         while len(self._buffer) - self._offset < wanted and not self._eof:
             out = self._step()
             if out is None:
@@ -154,6 +161,32 @@ class DecompressedStream:
             del self._buffer[: self._offset]
             self._offset = 0
         return data
+
+    def _read_large(self, size: int) -> bytes:
+        """``size`` bytes (fewer at the end of the stream) written into one buffer of that size
+        and returned without a copy: a large member is held once, not once in the buffer of
+        the stream and again as the bytes returned."""
+        out = io.BytesIO()
+        out.seek(size - 1)
+        out.write(b"\0")  # the whole size at once: no growing and copying
+        out.seek(0)
+        with memoryview(self._buffer) as view:
+            written = out.write(view[self._offset:])
+        self._buffer.clear()  # what was left is taken (a read this large takes it all)
+        self._offset = 0
+        while written < size and not self._eof:
+            piece = self._step()
+            if piece is None:
+                self._eof = True
+                break
+            need = size - written
+            if len(piece) > need:
+                self._buffer += piece[need:]
+                piece = piece[:need]
+            written += out.write(piece)
+        if written < size:
+            out.truncate(written)
+        return out.getvalue()  # BytesIO hands over its buffer when it is exactly the value
 
 
 class _Prefixed:
@@ -208,12 +241,37 @@ def _corrupt(where: str, member: Optional[str], error: BaseException) -> Corrupt
     )
 
 
+class _MemberBytes:
+    """``read()`` of one member: its bytes, read when first asked for; a read error becomes
+    CorruptSourceError naming the object and the member."""
+
+    def __init__(self, read: Callable[[], bytes], where: str, name: str,
+                 errors: tuple[type[BaseException], ...]) -> None:
+        self._read = read
+        self._where = where
+        self._name = name
+        self._errors = errors
+        self.done = False
+
+    def __call__(self) -> bytes:
+        if self.done:
+            raise RuntimeError(f"{self._where}: member {self._name[:200]!r} was read already")
+        self.done = True
+        try:
+            return self._read()
+        except CorruptSourceError:
+            raise
+        except self._errors as error:
+            raise _corrupt(self._where, self._name, error) from None
+
+
 def tar_members(stream: BinaryIO, where: str, budget: ByteBudget) -> Iterator[Member]:
     """The regular files of a (compressed) tar stream, in archive order; links, directories and
-    other entries are skipped. Read once, front to back: nothing is seeked or written to disk."""
+    other entries are skipped. Read once, front to back: nothing is seeked or written to disk;
+    a member's bytes are read when its ``read()`` is called (or skipped when it is not)."""
     member: Optional[str] = None
+    errors = (*_DECOMPRESS_ERRORS, *_zstd_errors(), _GZIP.error)
     try:
-        zstd_errors = _zstd_errors()
         for name, size, regular, reader in TarStream(DecompressedStream(stream)):
             member = name
             if not regular:
@@ -221,7 +279,10 @@ def tar_members(stream: BinaryIO, where: str, budget: ByteBudget) -> Iterator[Me
                 continue
             check_name(name, where)
             budget.take(size, where, name)
-            yield name, reader(size)
+            read = _MemberBytes(functools.partial(reader, size), where, name, errors)
+            yield name, read
+            if not read.done:
+                read()  # skipped by the consumer: the stream moves past its bytes
     except CorruptSourceError:
         raise
     except EmptyArchiveError:
@@ -230,7 +291,7 @@ def tar_members(stream: BinaryIO, where: str, budget: ByteBudget) -> Iterator[Me
             "is no tar archive (tarfile and GNU tar refuse it too); nothing was cached. Replace that object "
             "with a valid shard, or leave it out of the source's URLs"
         ) from None
-    except (*_DECOMPRESS_ERRORS, *zstd_errors, _GZIP.error) as error:
+    except errors as error:
         raise _corrupt(where, member, error) from None
 
 
@@ -364,9 +425,17 @@ def zip_members(
     handle: BinaryIO, where: str, budget: ByteBudget, on_names: Optional[Callable[[list[str]], None]] = None
 ) -> Iterator[Member]:
     """The files of a zip read through ranged reads: its central directory first (its file names
-    go to ``on_names``), then each member's bytes (CRC-checked by ``zipfile``); declared sizes
-    are budgeted before expansion."""
+    go to ``on_names``), then each member's bytes when its ``read()`` is called (CRC-checked by
+    ``zipfile``); declared sizes are budgeted before expansion."""
     member: Optional[str] = None
+
+    def contents(archive: zipfile.ZipFile, info: zipfile.ZipInfo) -> bytes:
+        with archive.open(info) as opened:
+            data = opened.read(info.file_size + 1)
+        if len(data) != info.file_size:
+            raise zipfile.BadZipFile(f"member holds {len(data)} bytes, its header says {info.file_size}")
+        return data
+
     try:
         with zipfile.ZipFile(handle) as archive:
             if on_names is not None:
@@ -377,11 +446,8 @@ def zip_members(
                     continue
                 check_name(info.filename, where)
                 budget.take(info.file_size, where, info.filename)
-                with archive.open(info) as opened:
-                    data = opened.read(info.file_size + 1)
-                if len(data) != info.file_size:
-                    raise zipfile.BadZipFile(f"member holds {len(data)} bytes, its header says {info.file_size}")
-                yield info.filename, data
+                yield info.filename, _MemberBytes(functools.partial(contents, archive, info), where, info.filename,
+                                                  _DECOMPRESS_ERRORS)
     except CorruptSourceError:
         raise
     except _DECOMPRESS_ERRORS as error:
@@ -389,9 +455,11 @@ def zip_members(
 
 
 def webdataset_samples(members: Iterator[Member], where: str) -> Iterator[dict[str, Any]]:
-    """Samples grouped as ``webdataset.tariterators.group_by_keys`` groups them (see the module doc)."""
+    """Samples grouped as ``webdataset.tariterators.group_by_keys`` groups them (see the module
+    doc). A sample is handed on as soon as the next member's name starts another one, before
+    that member's bytes are read: two large samples are never held at once here."""
     current: Optional[dict[str, Any]] = None
-    for name, data in members:
+    for name, read in members:
         if "/" not in name and name.startswith("__") and name.endswith("__"):
             continue
         if _META.match(name):
@@ -406,7 +474,7 @@ def webdataset_samples(members: Iterator[Member], where: str) -> Iterator[dict[s
             current = {"__key__": key}
         if field in current:
             raise CorruptSourceError(f"{where}: sample {key!r} has two {field!r} files; nothing was cached")
-        current[field] = data
+        current[field] = read()
     if current is not None:
         yield current
 
@@ -419,5 +487,5 @@ def file_field(name: str) -> str:
 
 def file_records(members: Iterator[Member]) -> Iterator[dict[str, Any]]:
     """One record per file: ``{"__key__": name, "<field>": bytes}``."""
-    for name, data in members:
-        yield {"__key__": name, file_field(name): data}
+    for name, read in members:
+        yield {"__key__": name, file_field(name): read()}

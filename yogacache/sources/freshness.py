@@ -69,7 +69,7 @@ def check_pins(pins: dict[str, Any], access: Optional[Accessors] = None) -> Sour
     prefixes = [parse_location(str(url)) for url in pins.get("prefixes", [])]
     for (scheme, bucket), members in groups.items():
         storage = access(scheme)
-        covering = _outermost([p for p in prefixes if p.scheme == scheme and p.bucket == bucket])
+        covering = _outermost([p for p in prefixes if p.scheme == scheme and p.bucket == bucket and scheme != "file"])
         current: dict[str, Optional[ObjectRef]] = {}
         by_head = [ref for ref in members if ref.url in fixed]
         listed = [ref for ref in members if ref.url not in fixed]

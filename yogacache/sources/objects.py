@@ -23,6 +23,7 @@ from yogacache.sources.urls import Location
 LIST_PAGE = 1000
 RANGE_BLOCK = 1 << 20  # the least a ranged read asks for (zip central directories, headers)
 STREAM_CHUNK = 8 << 20  # GCS streams are sequential ranged reads of this size
+READ_AHEAD_STREAM = 16 << 20  # the bytes of an object stream read ahead of its decoder (ReadAhead)
 
 
 @dataclass(frozen=True)
@@ -387,7 +388,7 @@ class ReadAhead:
     """Reads a stream on a thread, up to ``ahead`` bytes before its reader, so that the network
     and the decoding overlap; the thread's error is raised to the reader."""
 
-    def __init__(self, stream: Any, chunk: int = 1 << 20, ahead: int = 64 << 20) -> None:
+    def __init__(self, stream: Any, chunk: int = 1 << 20, ahead: int = READ_AHEAD_STREAM) -> None:
         self._stream = stream
         self._chunks: queue.Queue[Union[bytes, BaseException]] = queue.Queue(maxsize=max(1, ahead // chunk))
         self._buffer = b""

@@ -10,7 +10,6 @@ the version listed (``objects``). What it read is recorded in the manifest's ``e
 from __future__ import annotations
 
 import hashlib
-import itertools
 import json
 import os
 import posixpath
@@ -50,6 +49,9 @@ ENCODE_BATCH = 256
 # A parallel build reads plain files (format="files" / "imagefolder") in build shards of this many.
 FILES_PER_BUILD_SHARD = 512
 ENCODE_BATCH_BYTES = 8 << 20
+# How far decoded records run ahead of the cache writer, in bytes (and at most 256 records): past
+# it the reading thread waits, so that a large member is held about once (see _Background).
+READ_AHEAD_BYTES = 32 << 20
 ProgressCallback = Callable[[int, int, int], None]  # objects done, source bytes read, records
 
 
@@ -363,22 +365,25 @@ class ObjectSource:
         scalar leaves: the spec is inferred once, not generalized record by record."""
         records = self.records()
         try:
-            first = next(records, None)
-            if first is None:
+            element = next(records, None)
+            if element is None:
                 raise SourceError(f"the sources at {', '.join(self.urls)} hold no records; nothing was cached")
-            spec = infer_spec(first)
+            spec = infer_spec(element)
             codec = RecordCodec(_any_shape(spec))
             flat = flattener(spec)
             self._spec = spec
             batch: list[bytes] = []
             size = 0
-            for element in itertools.chain([first], records):
+            while element is not None:
                 encoded = codec.encode(flat(element))
+                element = None  # let the record go before the next is read (a large one is held once)
                 batch.append(encoded)
                 size += len(encoded)
+                del encoded
                 if len(batch) >= ENCODE_BATCH or size >= ENCODE_BATCH_BYTES:
                     yield batch
                     batch, size = [], 0
+                element = next(records, None)
             if batch:
                 yield batch
         finally:
@@ -442,6 +447,7 @@ class ObjectSource:
                         sample = decode_sample(sample, self._lookup, where)
                     state["records"] += 1
                     yield sample
+                    del sample  # not held while the next member is read
                     if self.progress is not None and state["records"] % 64 == 0:
                         self.progress(state["objects"], state["bytes"], state["records"])
                 state["objects"] += 1
@@ -555,31 +561,66 @@ def _any_shape(spec: Spec) -> Spec:
     return tuple(_any_shape(item) for item in spec)
 
 
+def _record_bytes(record: Any) -> int:
+    """The bytes a record holds (bytes, strings, arrays), as the read-ahead counts them."""
+    if isinstance(record, dict):
+        return sum(_record_bytes(value) for value in record.values())
+    if isinstance(record, (bytes, bytearray, str)):
+        return len(record)
+    nbytes = getattr(record, "nbytes", None)  # numpy arrays, memoryviews
+    return nbytes if isinstance(nbytes, int) else 0
+
+
 class _Background:
-    """Runs a generator on a thread, ``depth`` items ahead of its consumer, so that reading and
-    decompressing the sources overlaps encoding and writing the cache (inflate, socket reads,
-    LMDB writes and hashing release the GIL). Its exception is raised to the consumer; closing
-    stops the thread and closes the generator there."""
+    """Runs a generator on a thread ahead of its consumer, so that reading and decompressing the
+    sources overlaps encoding and writing the cache (inflate, socket reads, LMDB writes and
+    hashing release the GIL). It runs ahead while the records it handed out and the consumer has
+    not let go of (the one the consumer holds until it asks for the next, and those queued) hold
+    fewer than ``ahead_bytes`` (``READ_AHEAD_BYTES``), and at most ``depth`` records: a member of
+    hundreds of MiB is not read while the one before it is still being written. Its exception
+    is raised to the consumer; closing stops the thread and closes the generator there."""
 
     _DONE = object()
 
-    def __init__(self, generator: Iterator[Any], depth: int = 256) -> None:
+    def __init__(self, generator: Iterator[Any], depth: int = 256, ahead_bytes: int = READ_AHEAD_BYTES) -> None:
         self._generator = generator
         self._queue: queue.Queue[Any] = queue.Queue(maxsize=depth)
+        self._ahead_bytes = ahead_bytes
+        self._held = 0  # bytes of the records queued and the one the consumer holds
+        self._room = threading.Condition()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True, name="yogacache-source")
         self._thread.start()
 
     def _run(self) -> None:
         try:
-            for item in self._generator:
-                if not self._put((True, item)):
+            while self._wait_for_room():
+                item = next(self._generator, self._DONE)
+                if item is self._DONE:
+                    self._put((True, item, 0))
                     return
-            self._put((True, self._DONE))
+                size = _record_bytes(item)
+                with self._room:
+                    self._held += size
+                if not self._put((True, item, size)):
+                    return
+                item = None  # not held while the next is read
         except BaseException as error:  # handed to the consumer
-            self._put((False, error))
+            self._put((False, error, 0))
         finally:
             self._generator.close()  # type: ignore[attr-defined]
+
+    def _wait_for_room(self) -> bool:
+        with self._room:
+            while self._held >= self._ahead_bytes and not self._stop.is_set():
+                self._room.wait(0.1)
+        return not self._stop.is_set()
+
+    def _release(self, size: int) -> None:
+        if size:
+            with self._room:
+                self._held -= size
+                self._room.notify_all()
 
     def _put(self, item: Any) -> bool:
         while not self._stop.is_set():
@@ -591,23 +632,29 @@ class _Background:
         return False
 
     def __iter__(self) -> Iterator[Any]:
+        taken = 0
         while True:
-            ok, item = self._queue.get()
+            self._release(taken)  # the consumer asks for the next: it is done with the last one
+            ok, item, taken = self._queue.get()
             if not ok:
                 raise item
             if item is self._DONE:
                 return
             yield item
+            item = None  # not held while the next is awaited
 
     def close(self) -> None:
         self._stop.set()
+        with self._room:
+            self._room.notify_all()
         self._thread.join(timeout=60)  # a read stuck on the network ends with its own timeout
 
 
 class _Prefetch:
     """Reads whole small objects (files, ImageFolder) ahead of the build on a few threads, in
     order, at most ``window`` objects or ``window_bytes`` ahead: one GET per object would
-    otherwise wait on every round trip in turn."""
+    otherwise wait on every round trip in turn. An object larger than what is left of the
+    window is not read ahead but in its turn, so it is held once."""
 
     def __init__(self, refs: list[ObjectRef], read: Callable[[ObjectRef], bytes], window: int = 32,
                  window_bytes: int = 256 << 20, threads: int = 16) -> None:
@@ -622,7 +669,7 @@ class _Prefetch:
     def _fill(self) -> None:
         ahead = sum(ref.size for ref, _ in self._pending)
         while (self._pool is not None and self._next < len(self._refs) and len(self._pending) < self._window
-               and (not self._pending or ahead < self._window_bytes)):
+               and ahead + self._refs[self._next].size <= self._window_bytes):  # a larger one is read in turn
             ref = self._refs[self._next]
             self._pending.append((ref, self._pool.submit(self._read, ref)))
             ahead += ref.size
