@@ -10,6 +10,7 @@ and the next build removes its leftovers; an exception names the build shard tha
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -117,7 +118,8 @@ def test_the_cache_is_identical_for_1_2_and_8_workers(tmp_path: Path) -> None:
     manifests = {}
     for workers in (1, 2, 8):
         store = CacheStore(tmp_path / f"w{workers}", show_progress=False, part_size_bytes=SMALL_PART)
-        manifests[workers] = store.build("ds", "v1", sharded(DATA, workers, build_shards=8))
+        # in_process_below=0: the workers start, small as the data is (see the in-process test)
+        manifests[workers] = store.build("ds", "v1", sharded(DATA, workers, build_shards=8, in_process_below=0))
         check_records(store, "v1", DATA)
         assert store.verify("ds", "v1").num_records == len(DATA)
     assert len(manifests[1].parts) > 8  # several parts per shard: rolling happens inside shards
@@ -422,3 +424,98 @@ def test_a_part_that_cannot_be_synced_fails_the_build_and_publishes_nothing(tmp_
         store.build("ds", "v1", sharded(DATA, 1, build_shards=4))
     assert store.manifest("ds", "v1") == old  # the old cache stays, untouched
     assert leftovers(tmp_path) == []
+
+
+# -- a build too small to gain from workers runs in this process, writing what they would ---------
+
+
+def test_a_small_build_with_workers_runs_in_this_process_and_writes_what_workers_write(
+    tmp_path: Path, monkeypatch: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    import yogacache.parallel.pool as pool
+
+    data = DATA[:4000]  # four build shards of small records: far less work than starting workers
+    spawned = CacheStore(tmp_path / "spawned", show_progress=False, part_size_bytes=SMALL_PART).build(
+        "ds", "v1", sharded(data, 2, in_process_below=0)
+    )
+    assert len(spawned.parts) > 4
+
+    def no_pool(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("a worker process was started")
+
+    monkeypatch.setattr(pool, "ProcessPoolExecutor", no_pool)
+    with caplog.at_level(logging.INFO, logger="yogacache.parallel.pool"):
+        store = CacheStore(tmp_path / "small", show_progress=False, part_size_bytes=SMALL_PART)
+        small = store.build("ds", "v1", sharded(data, 2))
+        layer = DataLayer.from_config({"type": "shared_fs", "host_storage_path": str(tmp_path / "layer")})
+        layer.cache_dataset("ds", "v1", workers=2)(records_of)(0, 4000)
+    assert shape(small) == shape(spawned)
+    check_records(store, "v1", data)
+    one = CacheStore(tmp_path / "one", show_progress=False).build("ds", "v1", sharded(data, 1))
+    assert shape(layer.store.manifest("ds", "v1")) == shape(one)  # build shards, as workers write them
+    choices = [r.getMessage() for r in caplog.records if "in this process" in r.getMessage()]
+    assert len(choices) == 2, choices  # one line per build
+    assert "ds:v1" in choices[0] and "workers=2" in choices[0] and "4,000 records" in choices[0], choices[0]
+
+
+# -- a script without `if __name__ == "__main__":` fails at once instead of hanging ---------------
+
+UNGUARDED = """\
+import sys
+
+import numpy as np
+
+from yogacache.datalayer import DataLayer
+
+layer = DataLayer({"type": "shared_fs", "host_storage_path": sys.argv[1]}, show_progress=False)
+
+
+@layer.cache_dataset("ds", "v1", workers=2)
+def make():
+    return [{"i": np.int64(i)} for i in range(3000)]
+
+
+def main():
+    print("records:", len(make().stream()))
+
+
+{call}
+"""
+
+
+@pytest.mark.parametrize("guarded", [False, True], ids=["unguarded", "guarded"])
+def test_a_script_without_a_main_guard_fails_at_once_with_the_fix(tmp_path: Path, guarded: bool) -> None:
+    """Spawned workers import the script again: unguarded, each would start the build again
+    and wait for the lock its parent holds. The build refuses to start, naming the fix."""
+    call = 'if __name__ == "__main__":\n    main()\n' if guarded else "main()\n"
+    script = tmp_path / "train.py"
+    script.write_text(UNGUARDED.replace("{call}", call))
+    env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    result = subprocess.run(
+        [sys.executable, str(script), str(tmp_path / "caches")],
+        capture_output=True, text=True, env=env, cwd=tmp_path, timeout=90,  # a hang fails here
+    )
+    if guarded:
+        assert result.returncode == 0, result.stderr[-3000:]
+        assert "records: 3000" in result.stdout
+        return
+    assert result.returncode != 0
+    assert 'if __name__ == "__main__":' in result.stderr, result.stderr[-3000:]
+    assert f"{script}" in result.stderr and "line 19" in result.stderr, result.stderr[-3000:]
+    assert "workers=2" in result.stderr
+    assert not (tmp_path / "caches" / "ds" / "v1").exists()
+
+
+def test_a_worker_importing_the_script_that_starts_the_build_fails_at_once(tmp_path: Path, monkeypatch: Any) -> None:
+    """In a spawned child, while it imports the parent's main script (multiprocessing's
+    bootstrapping), a parallel build would wait forever for its parent's lock: it fails."""
+    import multiprocessing
+
+    layer = DataLayer.from_config({"type": "shared_fs", "host_storage_path": str(tmp_path)})
+    make = layer.cache_dataset("ds", "v1", workers=2)(records_of)
+    monkeypatch.setattr(multiprocessing.current_process(), "_inheriting", True, raising=False)
+    with pytest.raises(BuildError, match='if __name__ == "__main__":'):
+        make(0, 3000)
+    with pytest.raises(BuildError, match="importing the main script"):
+        sharded(DATA, 2)
+    assert not (tmp_path / "ds" / "v1").exists()

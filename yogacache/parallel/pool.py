@@ -13,12 +13,16 @@ directory goes (or, if the driver itself is killed, the next build removes it).
 
 from __future__ import annotations
 
+import ast
 import logging
 import multiprocessing
+import multiprocessing.reduction
 import os
 import queue
 import shutil
+import sys
 import threading
+import time
 import uuid
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, ThreadPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
@@ -29,10 +33,12 @@ from yogacache.errors import BuildError, YogaCacheError
 from yogacache.format.durability import fsync_path, replace_directory, temp_dir_for, write_file_durably
 from yogacache.format.integrity import stamp_verified
 from yogacache.format.manifest import MANIFEST_NAME, Manifest
+from yogacache.format.sources import element_bytes
 from yogacache.format.spec import Spec
 from yogacache.format.writer import DEFAULT_PART_SIZE, BuildLimits
 from yogacache.parallel.shards import (
     BuildShard,
+    IndexRange,
     ShardResult,
     as_shards,
     assemble_manifest,
@@ -45,6 +51,16 @@ from yogacache.progress import Progress
 log = logging.getLogger(__name__)
 
 DEFAULT_RETRIES = 2  # new pools after a worker died, before the build fails
+
+# A build estimated to take less than this many seconds in one process is written in this
+# process: starting workers (a fresh interpreter each, importing yogacache, numpy and the
+# script's own imports, TensorFlow's alone take seconds) would cost more than they save.
+IN_PROCESS_BELOW_S = 2.0
+# The estimate: a few records of the first build shard, made and measured in the driver.
+SAMPLE_RECORDS = 16
+SAMPLE_SECONDS = 0.5
+# What one process writes per second (encoding and LMDB), for the bytes the estimate counts.
+WRITE_BYTES_PER_S = 256 << 20
 
 
 class ShardProgress(Progress):
@@ -152,7 +168,14 @@ class ShardedBuild:
 
     kind = "sharded"
 
-    def __init__(self, shards: Sequence[BuildShard], workers: int = 1, *, retries: int = DEFAULT_RETRIES) -> None:
+    def __init__(
+        self,
+        shards: Sequence[BuildShard],
+        workers: int = 1,
+        *,
+        retries: int = DEFAULT_RETRIES,
+        in_process_below: float = IN_PROCESS_BELOW_S,
+    ) -> None:
         if not shards:
             raise ValueError("a parallel build needs at least one build shard")
         if workers < 1:
@@ -160,6 +183,7 @@ class ShardedBuild:
         self.shards = list(shards)
         self.workers = workers
         self.retries = retries
+        self.in_process_below = in_process_below
         self.manifest_extra: dict[str, Any] = {}  # recorded in the manifest (see sharded)
         # The manifest's extra from what the shards recorded (``ShardResult.extra``), see sharded.
         self.merge_extra: Optional[Callable[[list[dict[str, Any]]], dict[str, Any]]] = None
@@ -190,6 +214,15 @@ class ShardedBuild:
         extra: Optional[dict[str, Any]] = None,
     ) -> Manifest:
         """Builds every shard, then seals the cache at ``target`` (the caller holds its lock)."""
+        what = f"{dataset_id}:{dataset_version}"
+        if self.workers > 1:
+            refuse_unguarded_main(what, self.workers)
+        workers, why = self.plan_workers()
+        if why:
+            log.info(
+                "building %s in this process, not with workers=%d: %s; the cache is the one workers "
+                "write (docs/parallel-build.md)", what, self.workers, why,
+            )
         build_id = uuid.uuid4().hex
         target.parent.mkdir(parents=True, exist_ok=True, mode=0o755)
         directory = temp_dir_for(target, build_id)
@@ -199,7 +232,9 @@ class ShardedBuild:
         try:
             totals = ProgressTotals(progress)
             try:
-                results = self._run(directory, dataset_id, dataset_version, limits, part_size_bytes, totals, syncing)
+                results = self._run(
+                    directory, dataset_id, dataset_version, limits, part_size_bytes, totals, syncing, workers
+                )
             finally:
                 syncing.wait()
             if self.merge_extra is not None:
@@ -222,9 +257,49 @@ class ShardedBuild:
         progress.finish(manifest.num_records, manifest.num_bytes)
         log.info(
             "cached %s:%s from %d build shards on %d workers: %d records in %s",
-            dataset_id, dataset_version, len(self.shards), self.workers, manifest.num_records, target,
+            dataset_id, dataset_version, len(self.shards), workers, manifest.num_records, target,
         )
         return manifest
+
+    def plan_workers(self) -> tuple[int, str]:
+        """How many processes write this build: ``workers``, or 1 with the reason when the build
+        is too small to gain from more (one build shard, or less work than ``in_process_below``
+        seconds by ``estimate_seconds``). The shards, and so the cache, are the same either way."""
+        if self.workers == 1 or self.in_process_below <= 0:
+            return self.workers, ""
+        if len(self.shards) == 1:
+            return 1, "it has one build shard, which one process writes"
+        estimate = self.estimate_seconds()
+        if estimate is None or estimate >= self.in_process_below:
+            return self.workers, ""
+        return 1, (
+            f"{self.cardinality:,} records, about {estimate:.2g} s of work in one process (estimated from "
+            f"its first records), less than starting workers costs (in_process_below={self.in_process_below:g} s)"
+        )
+
+    def estimate_seconds(self) -> Optional[float]:
+        """About how long one process takes to write this build: its length times the time a
+        sample of its first records takes to make, plus their bytes at ``WRITE_BYTES_PER_S``.
+        None where it cannot tell: shards of unknown length (a builder function, callables, an
+        object source's archives), or records that fail to be made here (the build reports it)."""
+        if self.cardinality is None or not all(isinstance(shard, IndexRange) for shard in self.shards):
+            return None
+        first = self.shards[0]
+        assert isinstance(first, IndexRange)
+        sizes = []
+        started = time.perf_counter()
+        try:
+            for index in range(first.start, min(first.stop, first.start + SAMPLE_RECORDS)):
+                sizes.append(element_bytes(first.data[index]))
+                if time.perf_counter() - started > SAMPLE_SECONDS:
+                    break
+        except Exception:  # the user's dataset: its error is the build's to report, naming the shard
+            return None
+        if not sizes:
+            return None
+        per_record = (time.perf_counter() - started) / len(sizes)
+        per_record += sum(sizes) / len(sizes) / WRITE_BYTES_PER_S
+        return self.cardinality * per_record
 
     def _jobs(
         self, directory: Path, dataset_id: str, dataset_version: str, limits: BuildLimits, part_size_bytes: int
@@ -254,9 +329,13 @@ class ShardedBuild:
         part_size_bytes: int,
         totals: ProgressTotals,
         syncing: PartSync,
+        workers: int,
     ) -> list[ShardResult]:
         jobs = self._jobs(directory, dataset_id, dataset_version, limits, part_size_bytes)
-        if self.workers == 1:  # in this process: the same parts, without starting one
+        if workers == 1:  # in this process: the same parts, without starting one
+            if self.workers > 1:  # what workers would be sent must be sendable, small build or not
+                for job in jobs:
+                    _check_sendable(job)
             results = []
             for job in jobs:
                 progress = ShardProgress(job["index"], lambda update: totals.set(*update), 0)
@@ -273,7 +352,7 @@ class ShardedBuild:
         for attempt in range(self.retries + 1):
             pending = [job for job in jobs if job["index"] not in done]
             try:
-                self._run_pool(pending, done, totals, syncing)
+                self._run_pool(pending, done, totals, syncing, workers)
                 return [done[i] for i in range(len(jobs))]
             except BrokenProcessPool:
                 lost = sorted(job["index"] for job in pending if job["index"] not in done)
@@ -293,7 +372,12 @@ class ShardedBuild:
         raise AssertionError("unreachable")
 
     def _run_pool(
-        self, jobs: list[dict[str, Any]], done: dict[int, ShardResult], totals: ProgressTotals, syncing: PartSync
+        self,
+        jobs: list[dict[str, Any]],
+        done: dict[int, ShardResult],
+        totals: ProgressTotals,
+        syncing: PartSync,
+        workers: int,
     ) -> None:
         context = multiprocessing.get_context("spawn")
         updates = context.Queue()
@@ -303,7 +387,7 @@ class ShardedBuild:
         )
         pump.start()
         pool = ProcessPoolExecutor(
-            max_workers=min(self.workers, len(jobs)), mp_context=context, initializer=_init_worker, initargs=(updates,)
+            max_workers=min(workers, len(jobs)), mp_context=context, initializer=_init_worker, initargs=(updates,)
         )
         futures: dict[Future[ShardResult], int] = {pool.submit(_run_shard, job): job["index"] for job in jobs}
         try:
@@ -316,10 +400,7 @@ class ShardedBuild:
                     except (YogaCacheError, BrokenProcessPool):
                         raise
                     except Exception as error:  # the shard could not be sent to a worker
-                        raise BuildError(
-                            f"build shard {futures[future]} could not be run in a worker process: "
-                            f"{type(error).__name__}: {error}"
-                        ) from None
+                        raise _unsendable(futures[future], error) from None
                     done[result.index] = result
                     syncing.add(result)
                     totals.set(result.index, result.num_records, result.num_bytes)
@@ -332,6 +413,103 @@ class ShardedBuild:
             pump.join()
             updates.close()
             updates.join_thread()
+
+
+def _unsendable(index: int, error: Exception) -> BuildError:
+    return BuildError(f"build shard {index} could not be run in a worker process: {type(error).__name__}: {error}")
+
+
+def _check_sendable(job: dict[str, Any]) -> None:
+    """Raises what the pool would if ``job`` could not be sent to a worker process."""
+    try:
+        multiprocessing.reduction.ForkingPickler.dumps((_run_shard, job))
+    except Exception as error:  # PicklingError, TypeError, AttributeError: what the pool would meet
+        raise _unsendable(job["index"], error) from None
+
+
+# -- a script that starts a parallel build at import ---------------------------------------------
+#
+# Workers are spawned: each starts a fresh interpreter that imports the main script again (as
+# ``__mp_main__``). A script that starts the build at its top level, not under
+# ``if __name__ == "__main__":``, would make each worker start the build again, and wait forever
+# for the lock its parent holds while it builds. Both sides refuse at once, naming the fix.
+
+_GUARD = 'if __name__ == "__main__":'
+
+
+def refuse_bootstrapping_build(what: str, workers: int) -> None:
+    """In a worker that is still importing the parent's main script (multiprocessing's
+    bootstrapping, when ``current_process()._inheriting`` is set), a parallel build fails."""
+    if not getattr(multiprocessing.current_process(), "_inheriting", False):
+        return
+    main = sys.modules.get("__mp_main__") or sys.modules.get("__main__")
+    script = getattr(main, "__file__", None) or "the main script"
+    raise BuildError(
+        f"{what} (workers={workers}) was started while this process is importing the main script {script}, "
+        "as every worker of a parallel build does when it starts: each worker would start the build again "
+        "and wait forever for the one its parent runs. Put the code that runs the script under "
+        f"`{_GUARD}` (see docs/parallel-build.md)"
+    )
+
+
+def refuse_unguarded_main(what: str, workers: int) -> None:
+    """In the driver, before any worker starts: fails when this build was started by the main
+    script's top-level code outside ``if __name__ == "__main__":`` (a line each worker would run)."""
+    script = _script_workers_import()
+    main = sys.modules.get("__main__")
+    if main is None or script is None:
+        return
+    frame = sys._getframe(1)
+    while frame is not None and not (frame.f_globals is vars(main) and frame.f_code.co_name == "<module>"):
+        frame = frame.f_back  # type: ignore[assignment]
+    if frame is None:
+        return
+    line = frame.f_lineno
+    try:
+        tree = ast.parse(Path(script).read_text(encoding="utf-8"), filename=script)
+    except (OSError, SyntaxError, ValueError, UnicodeDecodeError):
+        return
+    if _under_main_guard(tree, line):
+        return
+    raise BuildError(
+        f"{what} would be built with workers={workers}, which start fresh Python processes that import "
+        f"{script} again; it is started by line {line} of that script, at its top level, not under "
+        f"`{_GUARD}`, so every worker would start the build again and wait forever for this one. Move the "
+        f"code that runs the script (line {line}) under `{_GUARD}` (see docs/parallel-build.md)"
+    )
+
+
+def _script_workers_import() -> Optional[str]:
+    """The main script a spawned worker runs again as ``__mp_main__``, as ``multiprocessing.spawn``
+    decides: none for ``python -c``, a notebook, or a package's ``__main__`` module run with ``-m``
+    (``python -m yogacache``), which it never re-runs."""
+    main = sys.modules.get("__main__")
+    script = getattr(main, "__file__", None)
+    if main is None or not script:
+        return None
+    name = getattr(getattr(main, "__spec__", None), "name", None)
+    if name is not None:
+        return None if name == "__main__" or name.endswith(".__main__") else str(script)
+    return None if os.path.splitext(os.path.basename(script))[0] == "ipython" else str(script)
+
+
+def _under_main_guard(tree: ast.Module, line: int) -> bool:
+    """Whether ``line`` lies in the body of ``if __name__ == "__main__":`` (or the ``else`` of
+    ``if __name__ != "__main__":``) somewhere in ``tree``."""
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.If) or not isinstance(node.test, ast.Compare) or len(node.test.ops) != 1:
+            continue
+        sides = [node.test.left, *node.test.comparators]
+        if not (
+            any(isinstance(side, ast.Name) and side.id == "__name__" for side in sides)
+            and any(isinstance(side, ast.Constant) and side.value == "__main__" for side in sides)
+        ):
+            continue
+        operator = node.test.ops[0]
+        body = node.body if isinstance(operator, ast.Eq) else node.orelse if isinstance(operator, ast.NotEq) else []
+        if body and body[0].lineno <= line <= (body[-1].end_lineno or body[-1].lineno):
+            return True
+    return False
 
 
 def _pump(updates: Any, totals: ProgressTotals, stop: threading.Event) -> None:
@@ -366,6 +544,7 @@ def sharded(
     *,
     build_shards: Optional[int] = None,
     retries: int = DEFAULT_RETRIES,
+    in_process_below: float = IN_PROCESS_BELOW_S,
 ) -> ShardedBuild:
     """A parallel build of ``data`` on ``workers`` processes, to hand to any build in place of
     the dataset (``store.build(id, version, sharded(data, workers=4))``).
@@ -373,11 +552,15 @@ def sharded(
     ``data`` is a map-style dataset or a sequence (split into index ranges, ``build_shards`` of
     them, by default a number that depends on its length only), a list of callables each
     returning a dataset (one shard each), an object source (``yogacache.sources.from_url``: one
-    shard per archive or run of files), or a list of ``BuildShard``.
+    shard per archive or run of files), or a list of ``BuildShard``. A build estimated to take
+    less than ``in_process_below`` seconds in one process is written in this one (the same
+    shards, the same cache; ``0``: always start the workers).
     """
     if isinstance(data, ShardedBuild):
         return data
-    build = ShardedBuild(as_shards(data, build_shards), workers, retries=retries)
+    if workers > 1:
+        refuse_bootstrapping_build("a parallel build", workers)
+    build = ShardedBuild(as_shards(data, build_shards), workers, retries=retries, in_process_below=in_process_below)
     # An object source's pins go in the manifest, as in a build in one process: its shards' reads
     # (the versions they were served) are merged once they are done.
     build.manifest_extra = dict(getattr(data, "manifest_extra", None) or {})
