@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import re
 from typing import Any, Callable, Mapping, Optional, Union
 
 from yogacache import launcher
 from yogacache.arguments import as_int, skip_shuffle_flag
 from yogacache.config import StorageConfig, parse_config
 from yogacache.dataref import CacheDataRef, cached_dataref
+from yogacache.errors import UnsupportedDatasetError
 from yogacache.format.integrity import Verify
 from yogacache.format.writer import BuildLimits
 from yogacache.names import validate_name
@@ -21,6 +23,12 @@ from yogacache.store import yogadl as yogadl_caches
 TRAIN_SUFFIX = "_train"
 VALIDATION_SUFFIX = "_val"
 RETURNS = ("tf", "torch", "stream")
+# dataset_version="auto": the version is derived from the source the function returns.
+AUTO_VERSION = "auto"
+# A version derived from a source's pins (``ObjectSource.auto_version``, what ``yogacache import``
+# names its caches): it names the data itself, so the decorators use it as it is, without the
+# "_train" / "_val" suffix, and find the cache an import made.
+DERIVED_VERSION = re.compile(r"src-[0-9a-f]{16}")
 
 
 class DataLayer:
@@ -85,7 +93,12 @@ class DataLayer:
 
     # -- building blocks ------------------------------------------------------------------
     def dataref(self, dataset_id: str, dataset_version: str, make_data: Callable[[], Any]) -> CacheDataRef:
-        """The cache of (dataset_id, dataset_version), built from ``make_data()`` on a miss."""
+        """The cache of (dataset_id, dataset_version), built from ``make_data()`` on a miss
+        (``"auto"``: the version derived from the source ``make_data()`` returns)."""
+        if dataset_version == AUTO_VERSION:
+            data = make_data()
+            dataset_version = derived_version(dataset_id, data, make_data)
+            make_data = functools.partial(_same, data)
         return CacheDataRef(yogadl_caches.get_or_build(self.store, dataset_id, dataset_version, make_data))
 
     def rank_for(self, input_context: Any = None) -> launcher.RankInfo:
@@ -104,20 +117,56 @@ class DataLayer:
         workers: Optional[int] = None,
         build_shards: Optional[int] = None,
     ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-        validate_name(dataset_id, "dataset_id")
-        validate_name(dataset_version, "dataset_version")
         if returns not in RETURNS:
             raise ValueError(f"returns must be one of {RETURNS}, got {returns!r}")
-        version = dataset_version + suffix
+        cache = self._cache_of(dataset_id, dataset_version, suffix, workers, build_shards)
 
         def decorator(make_dataset: Callable[..., Any]) -> Callable[..., Any]:
-            make_dataset = _parallel(make_dataset, workers, build_shards)
+            cached_ref = cache(make_dataset)
 
             @functools.wraps(make_dataset)
             def cached(*args: Any, **kwargs: Any) -> Any:
-                ref = cached_dataref(self.store, dataset_id, version, make_dataset, args, kwargs)
+                ref = cached_ref(*args, **kwargs)
                 contexts = [a for a in (*args, *kwargs.values()) if launcher.is_input_context(a)]
                 return _ADAPTERS[returns](ref, read_options(self.rank_for(contexts[0] if contexts else None)))
+
+            return cached
+
+        return decorator
+
+    def _cache_of(
+        self,
+        dataset_id: str,
+        dataset_version: str,
+        suffix: str,
+        workers: Optional[int],
+        build_shards: Optional[int],
+    ) -> Callable[[Callable[..., Any]], Callable[..., CacheDataRef]]:
+        """What every decorator does: a function returning the cache of ``make_dataset``'s
+        result, under ``cache_version(dataset_version, suffix)``, or with ``"auto"`` under the
+        version derived from the source it returns (so it is called on every call, hit or not)."""
+        validate_name(dataset_id, "dataset_id")
+        validate_name(dataset_version, "dataset_version")
+        auto = dataset_version == AUTO_VERSION
+        if auto and build_shards is not None:
+            raise ValueError(
+                f'{dataset_id}: dataset_version="auto" derives the version from the yogacache.sources.from_url '
+                "source the function returns, and with build_shards= the function is a builder called once per "
+                'build shard: pass a version of your own (e.g. "v1")'
+            )
+
+        def decorator(make_dataset: Callable[..., Any]) -> Callable[..., CacheDataRef]:
+            parallel = _parallel(make_dataset, workers, build_shards)
+
+            @functools.wraps(make_dataset)
+            def cached(*args: Any, **kwargs: Any) -> CacheDataRef:
+                _refuse_in_a_starting_worker(dataset_id, dataset_version, workers)
+                make, version = parallel, cache_version(dataset_version, suffix)
+                if auto:
+                    data = make_dataset(*args, **kwargs)
+                    version = derived_version(dataset_id, data, make_dataset)
+                    make = _parallel(functools.wraps(make_dataset)(functools.partial(_same, data)), workers, None)
+                return cached_dataref(self.store, dataset_id, version, make, args, kwargs)
 
             return cached
 
@@ -135,20 +184,11 @@ class DataLayer:
         iterable of nested dicts/tuples of arrays, numbers, strings and bytes); the result
         returns the cache as a ``CacheDataRef`` (version ``<version>`` as given), to read with
         ``stream(...)`` or ``yogacache.torch.CacheDataset``/``CacheIterableDataset``. ``workers``
-        and ``build_shards``: a parallel build, as for ``cache_train_dataset``."""
-        validate_name(dataset_id, "dataset_id")
-        validate_name(dataset_version, "dataset_version")
-
-        def decorator(make_dataset: Callable[..., Any]) -> Callable[..., CacheDataRef]:
-            make_dataset = _parallel(make_dataset, workers, build_shards)
-
-            @functools.wraps(make_dataset)
-            def cached(*args: Any, **kwargs: Any) -> CacheDataRef:
-                return cached_dataref(self.store, dataset_id, dataset_version, make_dataset, args, kwargs)
-
-            return cached
-
-        return decorator
+        and ``build_shards``: a parallel build, as for ``cache_train_dataset``.
+        ``dataset_version="auto"``: the version is derived from the ``yogacache.sources.from_url``
+        source the function returns (as ``yogacache import`` derives it); refused for any other
+        dataset."""
+        return self._cache_of(dataset_id, dataset_version, "", workers, build_shards)
 
     # -- Determined's decorators ----------------------------------------------------------
     def cache_train_dataset(
@@ -169,6 +209,8 @@ class DataLayer:
         """Decorates a function returning a dataset (tf.data, map-style torch, or any iterable);
         the result returns this rank's cached training shard (version ``<version>_train``,
         remainder dropped, resumed at ``offset`` or ``resume_state``, shuffled with ``seed``).
+        A version derived from a source (``"auto"``, or ``source.auto_version()``) is used as it
+        is, without ``_train``: it names the data, and is the cache ``yogacache import`` makes.
 
         ``shuffle_mode="global"`` reshuffles the whole dataset across ranks every epoch (a
         rank's records change from epoch to epoch; resume works with any number of ranks);
@@ -215,8 +257,8 @@ class DataLayer:
         build_shards: Optional[int] = None,
     ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
         """Decorates a function returning a dataset; the result returns this rank's cached
-        validation shard (version ``<version>_val``, from the start, same order every epoch),
-        as ``returns`` says (see ``cache_train_dataset``)."""
+        validation shard (version ``<version>_val``, or a derived version as it is, see
+        ``cache_train_dataset``; from the start, same order every epoch), as ``returns`` says."""
         return self._decorate(
             dataset_id,
             dataset_version,
@@ -236,6 +278,32 @@ class DataLayer:
         )
 
 
+def cache_version(dataset_version: str, suffix: str) -> str:
+    """The version a decorator caches under: ``dataset_version + suffix`` ("_train", "_val"), or
+    a version derived from a source (``src-<16 hex>``) as it is."""
+    return dataset_version if DERIVED_VERSION.fullmatch(dataset_version) else dataset_version + suffix
+
+
+def derived_version(dataset_id: str, data: Any, make_dataset: Callable[..., Any]) -> str:
+    """The version ``"auto"`` stands for: derived from the pins of the source ``data``
+    (``yogacache.sources.from_url``), as ``yogacache import`` derives it. Any other dataset has
+    no version to derive: UnsupportedDatasetError, never a cache named "auto"."""
+    derive = getattr(data, "auto_version", None)
+    if not callable(derive):
+        name = getattr(make_dataset, "__qualname__", None) or "the dataset function"
+        raise UnsupportedDatasetError(
+            f'{dataset_id}: dataset_version="auto" derives the version from a yogacache.sources.from_url(...) '
+            f"source (from its objects' pins), and {name}() returned a {type(data).__name__}, which has none: "
+            'pass a version of your own (e.g. "v1"), and a new one whenever the data changes'
+        )
+    return validate_name(derive(), "dataset_version")
+
+
+def _same(data: Any, *args: Any, **kwargs: Any) -> Any:
+    """``data`` again: the dataset a call already made (to derive its version) is built as it is."""
+    return data
+
+
 def _parallel(
     make_dataset: Callable[..., Any], workers: Optional[int], build_shards: Optional[int]
 ) -> Callable[..., Any]:
@@ -246,6 +314,15 @@ def _parallel(
     from yogacache.parallel import parallel_maker
 
     return parallel_maker(make_dataset, workers or 1, build_shards)
+
+
+def _refuse_in_a_starting_worker(dataset_id: str, version: str, workers: Optional[int]) -> None:
+    """A parallel build called while this process, a worker, imports the main script fails at
+    once (it would wait for its parent's lock forever): ``refuse_bootstrapping_build``."""
+    if workers is not None and workers > 1:
+        from yogacache.parallel.pool import refuse_bootstrapping_build
+
+        refuse_bootstrapping_build(f"{dataset_id}:{version}", workers)
 
 
 def _tf_adapter(ref: CacheDataRef, options: ReadOptions) -> Any:
