@@ -19,7 +19,7 @@ import pytest
 
 from tests.cloud_helpers import Cloud, dataset, expected_keys, python_env, reader_keys
 from yogacache.format.manifest import MANIFEST_NAME, Manifest
-from yogacache.store.remote import LOCAL_CACHE_DIR, RemoteCacheStore
+from yogacache.store.remote import LEASE_NAME, LOCAL_CACHE_DIR, RemoteCacheStore
 
 PREFIX = "caches"
 
@@ -209,7 +209,8 @@ def test_push_publishes_a_local_cache(s3_remote: Remote) -> None:
     assert result.returncode == 0, result.stderr
     assert "published" in result.stdout and f"{remote.url}/mnist/v1" in result.stdout
     assert remote.keys("mnist/v1/") == sorted(
-        [f"{PREFIX}/mnist/v1/{MANIFEST_NAME}"] + [f"{PREFIX}/mnist/v1/{built.build_id}-{p.name}" for p in built.parts]
+        [f"{PREFIX}/mnist/v1/{MANIFEST_NAME}", f"{PREFIX}/mnist/v1/{LEASE_NAME}"]  # the lease, released
+        + [f"{PREFIX}/mnist/v1/{built.build_id}-{p.name}" for p in built.parts]
     )
     published = remote.node("node-c").remote_manifest("mnist", "v1")
     assert published is not None and published.freshness == built.freshness

@@ -373,8 +373,9 @@ def test_live_lease_makes_a_node_wait_not_build(site: Site) -> None:
 def test_waiting_node_uses_the_winners_cache(site: Site) -> None:
     """While another node holds the lease, a node waits; when the holder publishes, the waiter
     downloads the holder's cache instead of building its own."""
-    live = {"owner": "busy-node:1", "build_id": "in-progress", "expires_at": time.time() + 600}
-    site.objects().write(f"ds/v1/{LEASE_NAME}", json.dumps(live).encode())
+    holder = site.node("node-a")
+    lease = Lease(site.objects(), f"ds/v1/{LEASE_NAME}", "in-progress", 6.0)  # node-a's, renewed
+    assert lease.try_acquire()[0]
     make = Builds(dataset(300, 1))
     result: dict[str, Any] = {}
 
@@ -388,7 +389,10 @@ def test_waiting_node_uses_the_winners_cache(site: Site) -> None:
     waiter.start()
     time.sleep(0.5)
     assert waiter.is_alive()  # still waiting for the holder
-    published = site.node("node-a").build("ds", "v1", dataset(300))  # the holder publishes
+    with holder.local.lock("ds", "v1"):  # the holder builds and publishes, as get_or_build does
+        published = holder.local.build_locked("ds", "v1", source_for(dataset(300)))
+        assert holder.publish_locked(published)
+    lease.release()
     waiter.join(30)
     assert "error" not in result, result.get("error")
     assert make.calls == 0

@@ -12,6 +12,7 @@ guess, for people reading the object; no decision uses it.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -19,12 +20,21 @@ import os
 import socket
 import threading
 import time
+import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Callable, Optional
 
 from yogacache.backends.base import ObjectStore
+from yogacache.errors import YogaCacheError
 
 log = logging.getLogger(__name__)
+
+LEASE_NAME = "build-lease.json"  # beside the cache's manifest: <id>/<version>/build-lease.json
+
+
+class BuildWaitTimeoutError(YogaCacheError, TimeoutError):
+    """Waited too long for another node's build (or copy) of a cache."""
 
 
 @dataclass(frozen=True)
@@ -170,3 +180,44 @@ class Lease:
             except Exception as error:  # an unreleased lease simply goes stale
                 log.warning("releasing build lease %s failed: %s", self.objects.url(self.key), error)
         self.token = None
+
+
+@contextlib.contextmanager
+def holding(
+    objects: ObjectStore,
+    key: str,
+    duration: float,
+    *,
+    what: str,
+    build_id: Optional[str] = None,
+    poll_seconds: float = 1.0,
+    timeout: Optional[float] = None,
+    doing: str = "building",
+) -> Iterator[Lease]:
+    """Holds the build lease at ``key`` for the block (renewed meanwhile, released after),
+    waiting while another process holds it. Every writer of a cache's objects (a build's publish,
+    a push, a copy to it, the removal of parts no manifest names) holds it, so that none of them
+    deletes or replaces what another is writing. ``what`` (``ID:VERSION``) names the cache in the
+    waiting line; BuildWaitTimeoutError after ``timeout`` seconds of waiting."""
+    from yogacache.progress import waiting
+
+    lease = Lease(objects, key, build_id or uuid.uuid4().hex, duration)
+    deadline = None if timeout is None else time.monotonic() + timeout
+    announced = False
+    while True:
+        acquired, holder = lease.try_acquire()
+        if acquired:
+            break
+        if holder is not None and not announced:
+            waiting(what, holder.owner, doing=doing)
+            announced = True
+        if deadline is not None and time.monotonic() > deadline:
+            raise BuildWaitTimeoutError(
+                f"waited {timeout} s for the build lease {objects.url(key)} "
+                f"({holder.owner if holder else 'another process'} holds it)"
+            )
+        time.sleep(poll_seconds)
+    try:
+        yield lease
+    finally:
+        lease.release()

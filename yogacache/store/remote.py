@@ -42,7 +42,7 @@ from yogacache.errors import (
     NoSpaceError,
     YogaCacheError,
 )
-from yogacache.format.durability import fsync_path, replace_directory, temp_dir_for, write_file_durably
+from yogacache.format.durability import TRASH_MARK, fsync_path, replace_directory, temp_dir_for, write_file_durably
 from yogacache.format.integrity import Verify, file_identity, has_stamp, part_matches, stamp_verified, write_stamp
 from yogacache.format.manifest import MANIFEST_NAME, MAX_MANIFEST_BYTES, Manifest, PartInfo
 from yogacache.format.sources import source_for
@@ -50,7 +50,9 @@ from yogacache.format.writer import BuildLimits
 from yogacache.progress import TransferProgress, waiter, waiting
 from yogacache.read.reader import CacheReader
 from yogacache.store.base import CacheEntry
-from yogacache.store.lease import Lease
+from yogacache.store.lease import LEASE_NAME as LEASE_NAME  # re-exported: where the lease lives
+from yogacache.store.lease import BuildWaitTimeoutError as BuildWaitTimeoutError  # re-exported
+from yogacache.store.lease import Lease, holding
 from yogacache.store.local import CacheStore
 from yogacache.store.localroot import LOCAL_CACHE_DIR as LOCAL_CACHE_DIR  # re-exported: the documented name
 from yogacache.store.localroot import local_copies_root
@@ -58,14 +60,9 @@ from yogacache.store.transfers import run_transfers
 
 log = logging.getLogger(__name__)
 
-LEASE_NAME = "build-lease.json"
 ORIGIN_NAME = "origin.json"  # in a local copy: which remote it was fetched from or published to
 REMOTE_PART_SIZE = 256 << 20  # smaller parts let downloads, uploads and hashing overlap
 _REPLACED_RETRIES = 3
-
-
-class BuildWaitTimeoutError(YogaCacheError, TimeoutError):
-    """Waited too long for another node to publish a cache."""
 
 
 class ConcurrentPublishError(YogaCacheError):
@@ -117,24 +114,37 @@ def _check_free_space(directory: Path, need: int, dataset_id: str, dataset_versi
         )
 
 
-def read_origin(directory: Path) -> Optional[str]:
-    """The remote URL a local copy came from (None: unknown, e.g. a copy made before this was kept)."""
+def _origin_record(directory: Path) -> dict[str, Any]:
     try:
         with open(directory / ORIGIN_NAME, "rb") as handle:
             raw = json.loads(handle.read(65536))
     except (OSError, ValueError):
-        return None
-    url = raw.get("url") if isinstance(raw, dict) else None
+        return {}
+    return raw if isinstance(raw, dict) else {}
+
+
+def read_origin(directory: Path) -> Optional[str]:
+    """The remote URL a local copy came from, was published to, or was built for (None: unknown,
+    e.g. a copy made before this was kept)."""
+    url = _origin_record(directory).get("url")
     return url if isinstance(url, str) else None
 
 
-def write_origin(directory: Path, url: str) -> None:
-    """Records ``url`` as the copy's origin: a new private file renamed over the old one."""
+def is_unpublished(directory: Path) -> bool:
+    """Whether the local copy was built for its remote and never published there (its publish
+    failed, or was interrupted or killed): it is not the remote's cache."""
+    return _origin_record(directory).get("published") is False
+
+
+def write_origin(directory: Path, url: str, *, published: bool = True) -> None:
+    """Records ``url`` as the copy's origin (``published`` False: built for it, not yet published
+    there): a new private file renamed over the old one."""
     temp = directory / f".{ORIGIN_NAME}.{uuid.uuid4().hex}"
     fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    record: dict[str, Any] = {"url": url} if published else {"url": url, "published": False}
     try:
         with os.fdopen(fd, "wb") as handle:
-            handle.write((json.dumps({"url": url}) + "\n").encode())
+            handle.write((json.dumps(record) + "\n").encode())
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(temp, directory / ORIGIN_NAME)
@@ -232,8 +242,21 @@ class RemoteCacheStore:
         return found
 
     def manifest(self, dataset_id: str, dataset_version: str) -> Manifest:
-        """The published manifest, else the local copy's; CacheNotFoundError when neither exists."""
-        return self.remote_manifest(dataset_id, dataset_version) or self.local.manifest(dataset_id, dataset_version)
+        """The published manifest, else the local copy's; CacheNotFoundError when neither exists.
+
+        A local copy built for this remote and never published (its publish failed or was
+        interrupted) is not this store's cache: a build publishes it anew, ``push`` publishes it.
+        """
+        remote = self.remote_manifest(dataset_id, dataset_version)
+        if remote is not None:
+            return remote
+        if is_unpublished(self.local.cache_dir(dataset_id, dataset_version)):
+            raise CacheNotFoundError(
+                f"no cache for dataset {dataset_id!r} version {dataset_version!r} at "
+                f"{self.location(dataset_id, dataset_version)}: the local copy built for it was never "
+                "published (yogacache push publishes it)"
+            )
+        return self.local.manifest(dataset_id, dataset_version)
 
     def verify(self, dataset_id: str, dataset_version: str) -> Manifest:
         """Re-hashes the local copy's parts; CorruptCacheError on any mismatch."""
@@ -480,7 +503,7 @@ class RemoteCacheStore:
                     manifest = self.local.build_locked(
                         dataset_id, dataset_version, source_for(make_data())
                     )
-                    if self.publish_locked(manifest):
+                    if self._publish_new_build(manifest, self.publish_locked):
                         return
                     log.info("another node published %s:%s first; using its cache", dataset_id, dataset_version)
                 finally:
@@ -559,6 +582,32 @@ class RemoteCacheStore:
             if info.key not in keep:
                 self.objects.delete(info.key)
 
+    def _remove_stranded(self, dataset_id: str, dataset_version: str) -> bool:
+        """Deletes the objects of a cache that has no manifest (the parts of an interrupted or
+        failed publish), holding its build lease so that no publish under way loses its parts;
+        False when there is nothing to delete."""
+        lease_key = self.key(dataset_id, dataset_version, LEASE_NAME)
+        if not [info for info in self.objects.list(self.key(dataset_id, dataset_version)) if info.key != lease_key]:
+            return False
+        with holding(
+            self.objects,
+            lease_key,
+            self.lease_seconds,
+            what=f"{dataset_id}:{dataset_version}",
+            poll_seconds=self.poll_seconds,
+            timeout=self.wait_timeout,
+            doing="publishing",
+        ):
+            if self.remote_manifest(dataset_id, dataset_version) is not None:
+                raise YogaCacheError(
+                    f"{self.location(dataset_id, dataset_version)} was published meanwhile; run rm again to remove it"
+                )
+            for info in self.objects.list(self.key(dataset_id, dataset_version)):
+                if info.key != lease_key:
+                    self.objects.delete(info.key)
+        self.objects.delete(lease_key)  # released above: free, and no cache is left to build
+        return True
+
     def _published(self, dataset_id: str, dataset_version: str) -> tuple[Optional[str], Optional[Manifest]]:
         """The published manifest's version token (None: unpublished) and the manifest itself
         (None where it cannot be read: a corrupt one can still be replaced)."""
@@ -587,8 +636,51 @@ class RemoteCacheStore:
         with self.local.lock(dataset_id, dataset_version):
             seen_token, seen = self._published(dataset_id, dataset_version)
             manifest = self.local.build_locked(dataset_id, dataset_version, source_for(data))
-            self._publish_replacing(manifest, seen_token, seen)
+
+            def publish(manifest: Manifest) -> bool:
+                with self._holding_lease(manifest):
+                    self._publish_replacing(manifest, seen_token, seen)
+                    self._delete_unreferenced(dataset_id, dataset_version)  # what other publishes stranded
+                return True
+
+            self._publish_new_build(manifest, publish)
             return manifest
+
+    def _holding_lease(self, manifest: Manifest) -> Any:
+        """The cache's build lease, held while this process writes the cache's objects."""
+        dataset_id, dataset_version = manifest.dataset_id, manifest.dataset_version
+        return holding(
+            self.objects,
+            self.key(dataset_id, dataset_version, LEASE_NAME),
+            self.lease_seconds,
+            what=f"{dataset_id}:{dataset_version}",
+            build_id=manifest.build_id,
+            poll_seconds=self.poll_seconds,
+            timeout=self.wait_timeout,
+            doing="publishing",
+        )
+
+    def _publish_new_build(self, manifest: Manifest, publish: Callable[[Manifest], bool]) -> bool:
+        """Runs ``publish(manifest)`` for the local build ``manifest`` (the caller holds the local lock).
+
+        Until it is published, the local copy says so (``is_unpublished``): it is not the remote's
+        cache, and a later build or ``push`` publishes. Interrupted (Ctrl-C), the local copy goes
+        too: nothing was cached. The parts uploaded so far are removed by the next publish of the
+        cache, or by ``rm --remote``.
+        """
+        directory = self.local.cache_dir(manifest.dataset_id, manifest.dataset_version)
+        if self.remote_url is not None:
+            write_origin(directory, self.remote_url, published=False)
+        try:
+            return publish(manifest)
+        except KeyboardInterrupt:
+            trash = directory.parent / f".{directory.name}{TRASH_MARK}interrupted-{os.getpid()}"
+            try:
+                os.rename(directory, trash)
+            except OSError:
+                pass
+            shutil.rmtree(trash, ignore_errors=True)
+            raise
 
     def _publish_replacing(self, manifest: Manifest, seen_token: Optional[str], seen: Optional[Manifest]) -> None:
         """Publishes ``manifest`` if the published manifest is still the version ``seen_token``;
@@ -618,7 +710,9 @@ class RemoteCacheStore:
                     "build; remove it first (yogacache rm --remote) to replace it"
                 )
             self.local.verify(dataset_id, dataset_version)
-            self._publish_replacing(manifest, None, None)
+            with self._holding_lease(manifest):
+                self._publish_replacing(manifest, None, None)
+                self._delete_unreferenced(dataset_id, dataset_version)
             return manifest
 
     # -- management -----------------------------------------------------------------------
@@ -671,11 +765,12 @@ class RemoteCacheStore:
         if remote:
             prefix = self.key(dataset_id, dataset_version)
             manifest_key = self.key(dataset_id, dataset_version, MANIFEST_NAME)
-            if self.objects.read(manifest_key, max_bytes=0) is None:  # whether it exists, not its bytes
+            if self.objects.read(manifest_key, max_bytes=0) is not None:  # whether it exists, not its bytes
+                self.objects.delete(manifest_key)  # unpublish first
+                for info in self.objects.list(prefix):
+                    self.objects.delete(info.key)
+            elif not self._remove_stranded(dataset_id, dataset_version):
                 raise CacheNotFoundError(f"no published cache at {self.objects.url(prefix)}")
-            self.objects.delete(manifest_key)  # unpublish first
-            for info in self.objects.list(prefix):
-                self.objects.delete(info.key)
             removed.append(self.objects.url(prefix))
         if local:
             from yogacache.store.streaming import remove_streamed_parts
