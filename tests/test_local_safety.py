@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from tests import other_user
 from yogacache.backends.files import FileObjectStore
 from yogacache.errors import ConfigError, CorruptCacheError
 from yogacache.format import durability, integrity
@@ -34,7 +35,7 @@ from yogacache.store.localroot import LOCAL_CACHE_DIR, LocalRoot, check_root, lo
 from yogacache.store.remote import RemoteCacheStore
 
 REPO = Path(__file__).resolve().parent.parent
-NOBODY = 65534
+NOBODY = other_user.NOBODY
 DATA = [{"x": np.int64(i)} for i in range(300)]
 
 
@@ -62,14 +63,16 @@ def shared_base() -> Iterator[Path]:
 
 
 def as_nobody(code: str, *args: str, state: Path | None = None) -> subprocess.CompletedProcess[str]:
-    """Runs ``code`` as user nobody with this tree on the path."""
+    """Runs ``code`` as user nobody, with this tree's package readable by it wherever the
+    checkout lives (``tests.other_user``: a private home directory is not)."""
+    python = other_user.runtime()
     env = {k: v for k, v in os.environ.items() if k not in ("YOGACACHE_STATE_DIR", "XDG_STATE_HOME")}
-    env.update(PYTHONPATH=str(REPO), HOME="/nonexistent")
+    env = python.env(env)
+    env["HOME"] = "/nonexistent"
     if state is not None:
         env["YOGACACHE_STATE_DIR"] = str(state)
-    command = ["setpriv", "--reuid", str(NOBODY), "--regid", str(NOBODY), "--clear-groups"]
     return subprocess.run(
-        [*command, sys.executable, "-c", textwrap.dedent(code), *args],
+        python.command(textwrap.dedent(code), *args, uid=NOBODY),
         capture_output=True,
         text=True,
         timeout=120,

@@ -12,7 +12,6 @@ import os
 import shutil
 import stat
 import subprocess
-import sys
 import tempfile
 import textwrap
 from collections.abc import Iterator
@@ -22,6 +21,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from tests import other_user
 from yogacache.errors import CorruptCacheError
 from yogacache.format import integrity
 from yogacache.format.integrity import (
@@ -36,11 +36,10 @@ from yogacache.format.integrity import (
 from yogacache.format.manifest import Manifest
 from yogacache.store.local import CacheStore
 
-REPO = Path(__file__).resolve().parent.parent
 FIXTURES = Path(__file__).parent / "fixtures" / "cache_0_1_0"
 N = 3_000
 MODES: tuple[Verify, ...] = VERIFY_MODES
-NOBODY = 65534
+NOBODY = other_user.NOBODY
 
 
 @pytest.fixture(autouse=True)
@@ -151,12 +150,9 @@ READ_AS_NOBODY = textwrap.dedent(
     import yogacache.format.integrity as integrity
     from yogacache.store.local import CacheStore
 
-    # The interpreter may live under a home only root can traverse: import everything first,
-    # then drop every id for good (real, effective and saved) before touching the cache.
-    os.setgroups([])
-    os.setgid(int(sys.argv[2]))
-    os.setuid(int(sys.argv[2]))
-    assert os.getuid() == os.geteuid() == int(sys.argv[2])
+    # Started as nobody (tests.other_user): every id is its (real, effective and saved), no group.
+    assert os.getuid() == os.geteuid() == os.getresuid()[2] == int(sys.argv[2])
+    assert os.getgid() == os.getegid() == int(sys.argv[2]) and os.getgroups() == []
     root = Path(sys.argv[1])
     try:
         (root / "data" / "v1" / "probe").write_text("x")
@@ -205,8 +201,10 @@ def test_a_cache_of_another_user_reads_with_full_verification(
         assert path.stat().st_uid == 0 and not path.stat().st_mode & stat.S_IWOTH, path
     home = shared_base / "home"  # root's, read-only to nobody
     home.mkdir(mode=0o755)
+    python = other_user.runtime()  # this tree's package, readable by nobody wherever the checkout is
     env = {k: v for k, v in os.environ.items() if k not in ("YOGACACHE_STATE_DIR", "XDG_STATE_HOME")}
-    env.update(PYTHONPATH=str(REPO), HOME=str(home))
+    env = python.env(env)
+    env["HOME"] = str(home)
     if where == "unwritable-state-dir":
         env["YOGACACHE_STATE_DIR"] = str(home / "state")
     elif where == "writable-state-dir":
@@ -217,12 +215,12 @@ def test_a_cache_of_another_user_reads_with_full_verification(
     before = snapshot(shared_base)
 
     result = subprocess.run(
-        [sys.executable, "-c", READ_AS_NOBODY, str(root), str(NOBODY)],
+        python.command(READ_AS_NOBODY, str(root), str(NOBODY), uid=NOBODY),
         capture_output=True,
         text=True,
         timeout=120,
         env=env,
-        cwd=str(REPO),
+        cwd="/",
     )
 
     assert result.returncode == 0, result.stderr[-3000:]
