@@ -225,3 +225,15 @@ def test_a_change_after_many_fixed_shape_elements_names_the_element_index(tmp_pa
     with pytest.raises(UnsupportedDatasetError) as raised:
         store.build("odd", "v1", data)
     assert "element 517[1] is float64, expected float32" in str(raised.value), str(raised.value)
+
+
+def test_the_element_error_survives_pickling_as_a_worker_process_sends_it() -> None:
+    import pickle
+
+    from yogacache.format.spec import ElementChangedError, generalize, infer_spec
+
+    with pytest.raises(ElementChangedError) as raised:
+        generalize(infer_spec({"a": (np.float32(1),)}), infer_spec({"a": (np.int64(1),)}))
+    error = raised.value.at_element(7)
+    copy = pickle.loads(pickle.dumps(error))
+    assert str(copy) == str(error) and "element 7['a'][0] is int64, expected float32" in str(copy)

@@ -306,6 +306,9 @@ class ElementChangedError(UnsupportedDatasetError):
             "structure and dtypes (only shapes may vary)"
         )
 
+    def __reduce__(self) -> tuple[Any, ...]:  # pickled as its fields (a worker process may raise it)
+        return (ElementChangedError, (self.change, self.path, self.found, self.expected, self.element))
+
     def at_element(self, index: int) -> ElementChangedError:
         """This error, naming ``index`` as the element that changed."""
         return ElementChangedError(self.change, self.path, self.found, self.expected, index)
