@@ -519,3 +519,28 @@ def test_a_worker_importing_the_script_that_starts_the_build_fails_at_once(tmp_p
     with pytest.raises(BuildError, match="importing the main script"):
         sharded(DATA, 2)
     assert not (tmp_path / "ds" / "v1").exists()
+
+
+class OpensOnFirstRead(MapStyle):
+    """A map-style dataset that opens its file on first read (as DataLoader-friendly datasets do,
+    so that they reach workers unopened): an open one cannot be sent to a worker."""
+
+    handle: Any = None
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        if self.handle is None:
+            self.handle = __import__("threading").Lock()  # stands for an open file: it does not pickle
+        return super().__getitem__(i)
+
+
+def test_the_estimate_of_a_build_leaves_the_dataset_as_the_workers_get_it() -> None:
+    data = OpensOnFirstRead(5000)
+    build = sharded(data, 2)
+    estimate = build.estimate_seconds()
+    assert estimate is not None and estimate > 0
+    assert data.handle is None  # sampled on a copy: still sendable to workers
+    assert build.plan_workers()[0] == 1  # 5,000 small records: one process
+    slow = sharded(data, 2, in_process_below=1e-9)
+    assert slow.plan_workers() == (2, "")
+    assert sharded(builder_shards(tf_builder, 3), 2).estimate_seconds() is None  # unknown lengths
+    assert sharded(call_shards([functools_partial(records_of, 0, 10)]), 2).plan_workers()[0] == 1  # one shard

@@ -14,6 +14,7 @@ directory goes (or, if the driver itself is killed, the next build removes it).
 from __future__ import annotations
 
 import ast
+import copy
 import logging
 import multiprocessing
 import multiprocessing.reduction
@@ -289,8 +290,11 @@ class ShardedBuild:
         sizes = []
         started = time.perf_counter()
         try:
+            # A copy: a dataset that opens its files on first access (to be sent to workers
+            # unopened, as DataLoader workers want) must stay unopened here.
+            data = copy.copy(first.data)
             for index in range(first.start, min(first.stop, first.start + SAMPLE_RECORDS)):
-                sizes.append(element_bytes(first.data[index]))
+                sizes.append(element_bytes(data[index]))
                 if time.perf_counter() - started > SAMPLE_SECONDS:
                     break
         except Exception:  # the user's dataset: its error is the build's to report, naming the shard
