@@ -10,10 +10,12 @@ import importlib
 import json
 import logging
 import os
+import re
 import select
 import shutil
 import signal
 import sys
+import textwrap
 import threading
 import warnings
 from pathlib import Path
@@ -39,19 +41,43 @@ STORAGE_ENV = "YOGACACHE_STORAGE"
 
 EXAMPLES = f"""\
 examples:
-  yogacache ls                                   caches in the local default store
-  yogacache --storage s3://bucket/caches ls      published caches and this node's copies
+  yogacache ls                               caches in the local default store
+  yogacache ls --storage s3://bucket/caches  published caches and local copies
   yogacache ls --storage gs://bucket/caches --json
-  yogacache info mnist v1_train                  records, sizes, element spec
+  yogacache info mnist v1_train              records, sizes, element spec
   yogacache build mnist v1 my_project.data:make_dataset
   yogacache push mnist v1 --storage s3://bucket/caches
   yogacache pull mnist v1 --storage data_layer.yaml
   yogacache rm mnist v1 --remote --storage s3://bucket/caches
+  yogacache --storage s3://bucket/caches ls  global options also go first
 
 --storage takes a directory, an s3://bucket/prefix or gs://bucket/prefix URL, a file:// URL, or
 a JSON/YAML file holding Determined's data_layer mapping; default ${STORAGE_ENV}, else the local
 default store ({default_cache_root()}). Global options go before or after the command.
 """
+
+
+class HelpFormatter(argparse.HelpFormatter):
+    """Fills descriptions and epilogs to the terminal's width (the options' help, as argparse
+    does), but keeps indented lines (examples) and headings (``examples:``) as written."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        out: list[str] = []
+        paragraph: list[str] = []
+
+        def flush() -> None:
+            if paragraph:
+                out.append(textwrap.fill(" ".join(paragraph), width, initial_indent=indent, subsequent_indent=indent))
+                paragraph.clear()
+
+        for line in text.splitlines():
+            if not line.strip() or line[0].isspace() or line.rstrip().endswith(":"):
+                flush()
+                out.append(indent + line if line.strip() else "")
+            else:
+                paragraph.append(line.strip())
+        flush()
+        return "\n".join(out)
 
 
 class Terminated(KeyboardInterrupt):
@@ -146,6 +172,22 @@ def shorten_path(path: str, width: int) -> str:
     return "..." + (tail[cut:] if 0 <= cut < len(tail) - 8 else tail)
 
 
+def wrap_name(name: str, width: int) -> str:
+    """``name`` on lines of at most ``width`` characters, broken only after a ``-``, ``_``, ``.``
+    or ``/`` (never inside a word: what is left is still the id, read top to bottom); a word
+    longer than ``width`` stays whole on its own line."""
+    lines = [""]
+    for word in re.findall(r"[^-_./]+[-_./]*|[-_./]+", name):
+        if lines[-1] and len(lines[-1]) + len(word) > width:
+            lines.append("")
+        lines[-1] += word
+    return "\n".join(lines)
+
+
+def _cell_width(cell: str) -> int:
+    return max((len(line) for line in cell.split("\n")), default=0)
+
+
 def print_table(
     header: list[str],
     rows: list[list[str]],
@@ -154,47 +196,85 @@ def print_table(
     fold: Sequence[str] = (),
     path: Optional[str] = None,
     dates: Sequence[str] = (),
+    optional: Sequence[str] = (),
 ) -> None:
-    """A plain table fitted to the terminal: ``right`` columns right-aligned, the ``path`` column
-    shortened from the left, ``fold`` columns wrapped within their column when a line would
-    not fit."""
+    """A plain table fitted to the terminal (``$COLUMNS``, the terminal's; piped, nothing is
+    cut). Headers and numbers are never cut. When a line would not fit, in this order: ``dates``
+    lose their time, ``optional`` columns are left out (first named first; ``--json`` has them
+    all), the ``path`` column keeps its end, and the ``fold`` columns (names) wrap after a
+    separator, never inside a word."""
     from rich.console import Console
     from rich.table import Table
 
     width = _columns()
-    natural = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
-    limits: list[Optional[int]] = [None] * len(header)
-    if width is not None and sum(natural) + 2 * (len(header) - 1) > width:
-        # Too wide: dates lose their time, names fold within 14 columns, the path keeps its
-        # end, numbers stay whole.
-        for i, name in enumerate(header):
-            if name in dates:
-                rows = [r[:i] + [r[i][:10]] + r[i + 1 :] for r in rows]
-                natural[i] = max(len(name), 10)
-        limits = [min(n, 14) if name in fold and name != path else None for name, n in zip(header, natural)]
-        if path is not None:
-            index = header.index(path)
-            others = sum((limit or n) + 2 for i, (limit, n) in enumerate(zip(limits, natural)) if i != index)
-            budget = max(16, width - others)
-            rows = [r[:index] + [shorten_path(r[index], budget)] + r[index + 1 :] for r in rows]
-            limits[index] = budget
-    console = Console(width=width or 10_000, highlight=False, soft_wrap=False, emoji=False, markup=False)
+    if width is not None:
+        header, rows = _fit(header, rows, width, fold=fold, path=path, dates=dates, optional=optional)
+    console = Console(width=10_000, highlight=False, soft_wrap=False, emoji=False, markup=False)
     table = Table(box=None, pad_edge=False, show_edge=False, header_style="bold", padding=(0, 2, 0, 0))
-    for name, limit in zip(header, limits):
-        table.add_column(
-            name,
-            justify="right" if name in right else "left",
-            overflow="fold",
-            no_wrap=name not in fold,
-            min_width=min(len(name), limit or len(name)),
-            max_width=limit,
-        )
+    for name in header:
+        table.add_column(name, justify="right" if name in right else "left", no_wrap=True)
     for row in rows:
         table.add_row(*row)
     with console.capture() as captured:
         console.print(table)
     for line in captured.get().splitlines():
         print(line.rstrip())
+
+
+def _fit(
+    header: list[str],
+    rows: list[list[str]],
+    width: int,
+    *,
+    fold: Sequence[str],
+    path: Optional[str],
+    dates: Sequence[str],
+    optional: Sequence[str],
+) -> tuple[list[str], list[list[str]]]:
+    """The table's header and rows made to fit ``width`` columns (see ``print_table``)."""
+    header, rows = list(header), [list(row) for row in rows]
+
+    def column_width(rows: list[list[str]], i: int) -> int:
+        return max(_cell_width(r[i]) for r in [header, *rows])
+
+    def total(rows: list[list[str]]) -> int:
+        return sum(column_width(rows, i) for i in range(len(header))) + 2 * (len(header) - 1)
+
+    def with_column(rows: list[list[str]], i: int, cells: list[str]) -> list[list[str]]:
+        return [r[:i] + [cell] + r[i + 1 :] for r, cell in zip(rows, cells)]
+
+    for i, name in enumerate(header):
+        if name in dates and total(rows) > width:
+            rows = with_column(rows, i, [r[i][:10] for r in rows])
+    for name in optional:
+        if name in header and total(rows) > width:
+            i = header.index(name)
+            header, rows = header[:i] + header[i + 1 :], [r[:i] + r[i + 1 :] for r in rows]
+    paths = header.index(path) if path in header else None
+    full_paths = [r[paths] for r in rows] if paths is not None else []
+
+    def fit_paths(rows: list[list[str]]) -> list[list[str]]:
+        """Paths shortened from the left to what the other columns leave (16 at least)."""
+        assert paths is not None
+        budget = max(16, width - (total(rows) - column_width(rows, paths)))
+        return with_column(rows, paths, [shorten_path(full, budget) for full in full_paths])
+
+    if paths is not None and total(rows) > width:
+        rows = fit_paths(rows)
+    names = [i for i, name in enumerate(header) if name in fold and i != paths]
+    while total(rows) > width and names:
+        # The widest name column wraps to what the line needs; one that cannot shrink is done.
+        i = max(names, key=lambda c: column_width(rows, c))
+        current = max(_cell_width(r[i]) for r in rows)
+        target = max(len(header[i]), current - (total(rows) - width))
+        wrapped = with_column(rows, i, [wrap_name(r[i].replace("\n", ""), target) for r in rows])
+        if max(_cell_width(r[i]) for r in wrapped) >= current:
+            names.remove(i)
+            continue
+        rows = wrapped
+        if paths is not None:
+            rows = fit_paths(rows)  # the path takes what wrapping left
+    return header, rows
 
 
 def _row(entry: CacheEntry) -> dict[str, Any]:
@@ -265,9 +345,10 @@ def cmd_ls(store: Store, args: argparse.Namespace) -> int:
         header,
         rows,
         right=("RECORDS", "DISK", "LOCAL"),
-        fold=("DATASET", "VERSION", "PATH"),
+        fold=("DATASET", "VERSION"),
         path=None if published else "PATH",
         dates=("CREATED",),
+        optional=("IN USE", "WHERE", "LOCAL"),  # LOCAL COPY says where a cache is, too
     )
     for number, entry in enumerate(problems, 1):
         print(f"[{number}] {entry.dataset_id} {entry.dataset_version}: {entry.error or 'manifest unreadable'}")
@@ -693,9 +774,12 @@ def _add_import_command(command: Callable[..., argparse.ArgumentParser]) -> None
         cmd_import,
         "cache objects (WebDataset shards, archives, files) from S3, GCS or a directory, pinned",
         "examples:\n"
-        "  yogacache import 's3://bucket/imagenet/train-{000000..000146}.tar' --id imagenet\n"
-        "  yogacache import gs://bucket/images/ --id pets --format imagefolder --version v1\n"
-        "  yogacache import s3://bucket/data.zip --id data --etag 9b2cf535f27731c974343645a3985328\n"
+        "  yogacache import 's3://bucket/imagenet/train-{000000..000146}.tar' \\\n"
+        "      --id imagenet\n"
+        "  yogacache import gs://bucket/images/ --id pets --format imagefolder \\\n"
+        "      --version v1\n"
+        "  yogacache import s3://bucket/data.zip --id data \\\n"
+        "      --etag 9b2cf535f27731c974343645a3985328\n"
         "\nThe cache records each object's URL, ETag, VersionId or generation and size; every read is\n"
         "conditional on them. --version auto (the default) derives the version from the pins, so a\n"
         "changed source gets a new cache. See docs/sources.md.",
@@ -821,7 +905,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="yogacache",
         description="Manage yogacache dataset caches: local directories, S3 (s3://) and GCS (gs://).",
         epilog=EXAMPLES,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=HelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"yogacache {__version__}")
     _add_global_options(parser, suppress=False)
@@ -838,7 +922,7 @@ def build_parser() -> argparse.ArgumentParser:
             help=help_text,
             description=help_text,
             epilog=epilog or None,
-            formatter_class=argparse.RawDescriptionHelpFormatter,
+            formatter_class=HelpFormatter,
         )
         made.set_defaults(run=run)
         return made
@@ -885,7 +969,8 @@ def build_parser() -> argparse.ArgumentParser:
         "build",
         cmd_build,
         "build (or rebuild) a cache from a function returning a dataset",
-        "example:\n  yogacache build mnist v1 my_project.data:make_dataset\n  yogacache build mnist v1 data.py:make",
+        "examples:\n  yogacache build mnist v1 my_project.data:make_dataset\n"
+        "  yogacache build mnist v1 data.py:make --workers 2",
     )
     cache_arguments(build)
     build.add_argument(
@@ -927,7 +1012,7 @@ def build_parser() -> argparse.ArgumentParser:
         "are checked against the CRC32C the destination computed, then the manifest is created\n"
         "conditionally. Within one S3 endpoint, or within GCS, parts are copied server-side.\n"
         "Run the same command again after an interruption: verified parts are kept.\n\n"
-        "examples:\n  yogacache copy mnist v1 --from s3://far-bucket/caches --to s3://near-bucket/caches\n"
+        "examples:\n  yogacache copy mnist v1 --from s3://far-bucket/caches \\\n      --to s3://near-bucket/caches\n"
         "  yogacache copy mnist v1 --from s3://bucket/caches --to gs://bucket/caches",
     )
     cache_arguments(copy_command)
@@ -968,7 +1053,8 @@ def build_parser() -> argparse.ArgumentParser:
         "unchanged under the field's own extension (docs/export.md has the rules). The index is\n"
         "written last: a failed export leaves none.\n\n"
         "examples:\n  yogacache export mnist v1 --to /data/mnist-wds\n"
-        "  yogacache export mnist v1 --to s3://bucket/mnist-wds --shard-size 256Mi --storage s3://bucket/caches",
+        "  yogacache export mnist v1 --to s3://bucket/mnist-wds --shard-size 256Mi \\\n"
+        "      --storage s3://bucket/caches",
     )
     cache_arguments(export)
     export.add_argument("--to", required=True, metavar="DIR|URL", help="a directory, file://, s3:// or gs:// URL")
