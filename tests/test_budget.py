@@ -101,6 +101,38 @@ def test_eviction_takes_what_is_needed_furthest_in_the_future_first() -> None:
     assert leases.rank("absent") == math.inf
 
 
+def test_a_fetch_ahead_leaves_what_a_reader_still_reads_this_epoch() -> None:
+    """A fetch ahead takes room only from parts no reader reads again in its current epoch
+    (a part it comes back to, or one it reaches later): fetching early must not cost a fetch
+    again. A fetch the reader waits for takes the part needed furthest away, whatever epoch."""
+    items = [_item("window"), _item("later-this-epoch"), _item("next-epoch"), _item("done")]
+    leases = budget.LiveLeases(
+        frozenset(),
+        {"window": 0, "later-this-epoch": 9, "next-epoch": 20},
+        processes=1,
+        needed_now=frozenset({"window", "later-this-epoch"}),
+    )
+    chosen, _ = budget.choose_evictions(items, leases, need=20, limit=40, sooner_than=3, ahead=True)
+    assert [e.item.item for e in chosen] == ["done", "next-epoch"]
+    chosen, _ = budget.choose_evictions(items, leases, need=30, limit=40, sooner_than=3, ahead=True)
+    assert "later-this-epoch" not in [e.item.item for e in chosen]  # no room: the fetch waits
+    chosen, _ = budget.choose_evictions(items, leases, need=30, limit=40)
+    assert [e.item.item for e in chosen] == ["done", "next-epoch", "later-this-epoch"]
+
+
+def test_leases_say_which_parts_the_current_epoch_still_reads(tmp_path: Path) -> None:
+    lease = budget.ProcessLease(tmp_path)
+    lease.announce("r1", ["a", "b", "c", "d"], now=2)
+    lease.announce("r2", ["d", "e"])  # no count: all of it is current
+    live = budget.live_leases(tmp_path)
+    assert live.needed_now == {"a", "b", "d", "e"}
+    assert live.rank("d") == 0 and live.rank("c") == 2
+    data = json.loads(lease.json_path.read_text())
+    data.pop("now")  # a lease written by an older yogacache: its whole order counts as current
+    lease.json_path.write_text(json.dumps(data))
+    assert budget.live_leases(tmp_path).needed_now == {"a", "b", "c", "d", "e"}
+
+
 # -- leases -----------------------------------------------------------------------------------
 LEASE_HOLDER = r"""
 import sys, time

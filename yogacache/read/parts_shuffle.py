@@ -60,6 +60,7 @@ if TYPE_CHECKING:
 __all__ = [
     "DEFAULT_PARTS_WINDOW",
     "PartLayout",
+    "budget_window",
     "PartUse",
     "PartsMode",
     "PartsPlan",
@@ -498,6 +499,28 @@ class PartsMode(ShuffleMode):
     def with_layout(cls, num_records: int, options: ReadOptions, layout: Optional[PartLayout] = None) -> ShuffleMode:
         return cls(num_records, options, layout)
 
+    def fit_budget(self, budget_bytes: Optional[int]) -> Optional[str]:
+        """Narrows the window to what ``budget_bytes`` holds (``budget_window``), so that a
+        streamed reader never fetches a part twice for want of room; says so, or None."""
+        if budget_bytes is None:
+            return None
+        asked = self.window
+        fitted = budget_window(asked, self.parts, budget_bytes)
+        if fitted >= asked:
+            return None
+        with self._lock:
+            self.window = fitted
+            self._epochs.clear()
+        largest = int(self.parts.sizes.max())
+        return (
+            f"shuffle_mode='parts' reads with parts_window={fitted}, not {asked}: local_cache_limit "
+            f"{_size(budget_bytes)} holds {budget_bytes // largest} of this cache's parts (up to "
+            f"{_size(largest)} each), and parts_window={asked} needs {2 * asked + 1} (the {asked} parts "
+            f"mixed at a time, the next one, and the {asked} the next epoch starts with). Raise "
+            f"local_cache_limit to at least {_size((2 * asked + 1) * largest)} to mix {asked} parts, "
+            "or set parts_window lower to keep this message away"
+        )
+
     def __getstate__(self) -> dict[str, Any]:
         # Sent to a spawned DataLoader worker: the orders are recomputed there, the lock new.
         state = dict(self.__dict__)
@@ -651,6 +674,18 @@ def parts_window(options: ReadOptions) -> int:
     if window < 1:
         raise ValueError(f"parts_window must be at least 1 (parts mixed at a time), got {window}")
     return window
+
+
+def budget_window(window: int, layout: PartLayout, budget_bytes: int) -> int:
+    """The largest window up to ``window`` that a node-local budget of ``budget_bytes`` holds
+    without fetching a part twice: ``2w + 1`` parts (of the largest size) -- the ``w`` parts a
+    reader mixes, the one it moves on to, and at an epoch's end the ``w`` parts the next epoch
+    starts with, which the budget keeps instead of fetching them again. At least 1 (the two
+    parts of the smallest budget a streamed read accepts)."""
+    largest = int(layout.sizes.max()) if layout.num_parts else 0
+    if largest <= 0:
+        return window
+    return max(1, min(window, (budget_bytes // largest - 1) // 2))
 
 
 def ranks_per_node(options: ReadOptions) -> int:

@@ -294,8 +294,11 @@ _WARNED_RANDOM_STREAMS: set[tuple[str, str]] = set()
 def warn_random_streaming(reader: CacheReader, schedule: ReadSchedule, sizes: ReadSizes) -> None:
     """Warns once per process and cache when a mode that reads every part at random (``shard``,
     ``global``) streams a cache larger than the node's byte budget: it says the re-download
-    volume per epoch this implies, and that ``shuffle_mode="parts"`` avoids it."""
+    volume per epoch this implies, and that ``shuffle_mode="parts"`` avoids it. Fits the
+    schedule to the budget first (``ReadSchedule.fit_budget``: the parts mode's window), for
+    callers that built it without one."""
     budget = reader.streaming_budget
+    schedule.fit_budget(budget)
     mode = schedule.options.shuffle_mode if schedule.options.shuffle else "sequential"
     key = (str(reader.directory), mode)
     if budget is None or key in _WARNED_RANDOM_STREAMS:
@@ -312,7 +315,9 @@ def read_stream(
     reader: CacheReader, options: ReadOptions, *, spec_converter: Optional[Callable[[Spec, str], Any]] = None
 ) -> Stream:
     """The stream of ``reader``'s records that ``options`` define: each iteration the next epoch."""
-    schedule = ReadSchedule(len(reader), options, PartLayout.from_manifest(reader.manifest))
+    schedule = ReadSchedule(
+        len(reader), options, PartLayout.from_manifest(reader.manifest), budget_bytes=reader.streaming_budget
+    )
     sizes = ReadSizes.for_manifest(reader.manifest)
     warn_random_streaming(reader, schedule, sizes)
     # One epoch counter and one set of reads, whichever way the stream is iterated.

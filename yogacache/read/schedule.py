@@ -9,6 +9,7 @@ into checkpoints. Pure numpy, no I/O.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import sys
 import warnings
 from dataclasses import dataclass
@@ -22,6 +23,10 @@ if TYPE_CHECKING:
     from yogacache.read.parts_shuffle import PartLayout, PartUse
 
 __all__ = ["ArrayPlan", "EpochPlan", "GlobalPlan", "ReadSchedule", "ResumeState", "STATE_VERSION"]
+
+log = logging.getLogger(__name__)
+# What fitting orders to budgets changed, said once per process each.
+_FITTED: set[str] = set()
 
 STATE_VERSION = 1
 STATE_KEYS = frozenset({"version", "mode", "epoch", "consumed", "seed", "num_records", "shard_rank", "num_shards"})
@@ -120,7 +125,16 @@ class ReadSchedule:
     defines what ``position`` counts (see ``yogacache.read.shuffle``).
     """
 
-    def __init__(self, num_records: int, options: ReadOptions, layout: Optional[PartLayout] = None) -> None:
+    def __init__(
+        self,
+        num_records: int,
+        options: ReadOptions,
+        layout: Optional[PartLayout] = None,
+        *,
+        budget_bytes: Optional[int] = None,
+    ) -> None:
+        """``budget_bytes``: the node-local byte budget a streamed cache is read under (the
+        reader's ``streaming_budget``); the order is fitted to it (``fit_budget``)."""
         self.num_records = as_int(num_records, "num_records")
         if self.num_records < 0:
             raise ValueError(f"num_records must not be negative, got {self.num_records}")
@@ -128,6 +142,7 @@ class ReadSchedule:
         # ``layout``: the cache's parts (``PartLayout.from_manifest``), which the parts mode
         # orders and every mode's ``parts_needed`` reports on.
         self.order: ShuffleMode = shuffle_mode(options.shuffle_mode).with_layout(self.num_records, options, layout)
+        self.fit_budget(budget_bytes)
         if self.num_records and len(self.order) == 0:
             remainder = " and drop_shard_remainder=True drops them all" if options.drop_shard_remainder else ""
             warnings.warn(
@@ -142,6 +157,15 @@ class ReadSchedule:
             self.start = self.resume_point(options.resume_state)
         else:
             self.start = self.order.start(options.start_offset)
+
+    def fit_budget(self, budget_bytes: Optional[int]) -> None:
+        """Fits the order to a streamed cache's node-local byte budget (``ShuffleMode.fit_budget``:
+        the ``"parts"`` mode narrows its window to what the budget holds), saying once per
+        process what changed. Call it before reading; later calls change nothing more."""
+        change = self.order.fit_budget(budget_bytes)
+        if change is not None and change not in _FITTED:
+            _FITTED.add(change)
+            log.warning("%s", change)
 
     @property
     def mode(self) -> str:

@@ -174,6 +174,12 @@ class ShuffleMode(abc.ABC):
         mode.layout = layout
         return mode
 
+    def fit_budget(self, budget_bytes: Optional[int]) -> Optional[str]:
+        """Fits the order to the node-local byte budget a streamed cache is read under (None: no
+        budget); returns what it changed, for the reader to say once, or None. Before any plan
+        is made. By default nothing changes."""
+        return None
+
     def state_fields(self, epoch: int, position: int) -> dict[str, Any]:
         """``ResumeState`` fields of the state at ``(epoch, position)`` beyond the common ones
         (and ``consumed`` where it is not ``position``)."""

@@ -18,7 +18,10 @@ Eviction (``make_room``, ``collect``) runs under one node-wide lock (``.budget.l
 removes what a live lease holds, nor a local copy that is the only copy (see
 ``RemoteCacheStore``'s ``copy_is_evictable``). Among the rest it removes what is needed furthest
 in the future -- the readers' announced read orders say when each part is needed next --
-and, among what no reader will need, the least recently used first.
+and, among what no reader will need, the least recently used first. A fetch *ahead* takes room
+only from what no reader needs in the epoch it reads now (each announced order says how many of
+its parts are of that epoch): what it fetches early must not cost a part the reader comes back to
+before the epoch ends.
 """
 
 from __future__ import annotations
@@ -83,6 +86,7 @@ class ProcessLease:
         remove_dead_leases(directory)
         self._held: dict[str, int] = {}  # item -> how many holders in this process
         self._upcoming: dict[str, list[str]] = {}  # reader -> its next parts, in order
+        self._now: dict[str, int] = {}  # reader -> how many of those its current epoch reads
         self._lock = threading.Lock()
 
     def hold(self, item: str) -> None:
@@ -100,10 +104,12 @@ class ProcessLease:
             self._held.pop(item, None)
             self._write()
 
-    def announce(self, reader: str, upcoming: list[str]) -> None:
-        """Records the next parts ``reader`` (a reader of this process) will need, in order."""
+    def announce(self, reader: str, upcoming: list[str], now: Optional[int] = None) -> None:
+        """Records the next parts ``reader`` (a reader of this process) will need, in order;
+        the first ``now`` of them (all, if None) are what its current epoch still reads."""
         with self._lock:
             self._upcoming[reader] = upcoming[:UPCOMING_LIMIT]
+            self._now[reader] = min(len(upcoming), UPCOMING_LIMIT) if now is None else min(now, UPCOMING_LIMIT)
             self._write()
 
     def holds(self, item: str) -> bool:
@@ -111,7 +117,13 @@ class ProcessLease:
             return item in self._held
 
     def _write(self) -> None:
-        data = {"pid": self.pid, "held": sorted(self._held), "upcoming": list(self._upcoming.values())}
+        readers = list(self._upcoming)
+        data = {
+            "pid": self.pid,
+            "held": sorted(self._held),
+            "upcoming": [self._upcoming[reader] for reader in readers],
+            "now": [self._now.get(reader, len(self._upcoming[reader])) for reader in readers],
+        }
         temp = self.json_path.with_name(f".{self.json_path.name}.{uuid.uuid4().hex[:8]}")
         fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         with os.fdopen(fd, "w") as handle:
@@ -158,6 +170,8 @@ class LiveLeases:
     held: frozenset[str]
     next_use: dict[str, int]  # item -> the earliest position in any live reader's order
     processes: int
+    # Items some live reader still reads in the epoch it reads now (a fetch ahead leaves them).
+    needed_now: frozenset[str] = frozenset()
 
     def rank(self, item: str) -> float:
         return self.next_use.get(item, math.inf)
@@ -199,6 +213,7 @@ def live_leases(root: Path) -> LiveLeases:
     """The leases of live processes under ``root``; a dead process's lease files are removed."""
     held: set[str] = set()
     next_use: dict[str, int] = {}
+    needed_now: set[str] = set()
     processes = 0
     for json_path in remove_dead_leases(root / LEASES_DIR):
         processes += 1
@@ -207,11 +222,17 @@ def live_leases(root: Path) -> LiveLeases:
         except (OSError, ValueError):
             continue  # a lease being written for the first time holds nothing yet
         held.update(str(item) for item in data.get("held", []))
-        for order in data.get("upcoming", []):
+        orders = data.get("upcoming", [])
+        nows = data.get("now", [])
+        for number, order in enumerate(orders):
+            # A lease without "now" (an older yogacache): its whole order counts as current.
+            now = nows[number] if number < len(nows) and isinstance(nows[number], int) else len(order)
             for position, item in enumerate(order):
                 if position < next_use.get(item, math.inf):
                     next_use[item] = position
-    return LiveLeases(frozenset(held), next_use, processes)
+                if position < now:
+                    needed_now.add(item)
+    return LiveLeases(frozenset(held), next_use, processes, frozenset(needed_now))
 
 
 # -- what is on the node ----------------------------------------------------------------------
@@ -337,13 +358,16 @@ def choose_evictions(
     in_flight: int = 0,
     copy_is_evictable: Callable[[LocalItem], bool] = lambda item: False,
     sooner_than: float = 0,
+    ahead: bool = False,
 ) -> tuple[list[Eviction], int]:
     """Which items to remove so that ``need`` more bytes fit under ``limit``, and the usage
     after removing them (it may still be over: nothing more may be removed).
 
     Never an item a live lease holds; never a whole copy ``copy_is_evictable`` refuses (the
-    only copy); never a part needed sooner than position ``sooner_than`` of a reader's order.
-    Furthest next use first; among items no reader needs, least recently used first.
+    only copy); never a part needed sooner than position ``sooner_than`` of a reader's order;
+    for a fetch ``ahead``, never a part a reader still reads in its current epoch (fetching
+    early must not cost a part the reader comes back to: the fetch waits until the reader needs
+    it instead). Furthest next use first; among items no reader needs, least recently used first.
     """
     usage = sum(item.size for item in items) + in_flight
     if usage + need <= limit:
@@ -354,6 +378,8 @@ def choose_evictions(
             continue
         rank = leases.rank(item.item)
         if rank < sooner_than and rank != math.inf:
+            continue
+        if ahead and item.item in leases.needed_now:
             continue
         if item.kind == "copy" and not copy_is_evictable(item):
             continue
@@ -388,10 +414,12 @@ def make_room(
     copy_is_evictable: Callable[[LocalItem], bool] = lambda item: False,
     remove_copy: Callable[[LocalItem], bool] = lambda item: False,
     sooner_than: float = 0,
+    ahead: bool = False,
     before_release: Optional[Callable[[], None]] = None,
 ) -> bool:
     """Evicts (under the node's budget lock) until ``need`` more bytes fit under ``limit``;
     False when they cannot fit now (what remains is in use, needed sooner, or the only copy).
+    ``ahead``: the room is for a fetch ahead (see ``choose_evictions``).
 
     ``before_release`` runs under the lock after room was made (to reserve it, e.g. by
     creating a download's temporary file) so that no other process takes the same room.
@@ -411,6 +439,7 @@ def make_room(
             in_flight=in_flight,
             copy_is_evictable=copy_is_evictable,
             sooner_than=sooner_than,
+            ahead=ahead,
         )
         for eviction in chosen:
             if remove_item(root, eviction.item, remove_copy):

@@ -11,14 +11,20 @@ so a new build published meanwhile never mixes with the old one: parts of the ol
 on the node stay readable; a part of the old build that is gone from the bucket gives
 ``CacheReplacedError``.
 
-Readers announce their read order (``expect``); the provider fetches the parts ahead of the
-reader, in that order, in parallel, as far as the byte budget allows without evicting anything
-needed sooner. See docs/streaming.md.
+Readers announce their read order (``expect``): this epoch's parts in order of first use, then
+the next epoch's. The provider follows where the reader is *in the current epoch* (a part read
+again is not a step into the next epoch) and which parts it still reads there (the ones it came
+back to lately), announces both in its lease, and fetches the parts ahead of the reader, in
+that order, in parallel, as far as the byte budget allows without evicting anything the current
+epoch still reads; at most one part of the next epoch is fetched before the current one ends.
+A reader that fetches more than its epoch's parts and one more in an epoch warns once, naming
+the settings to change. See docs/streaming.md.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import os
 import threading
 import time
@@ -104,8 +110,15 @@ class StreamingParts:
         self._lock = threading.Lock()
         self._pool: Optional[ThreadPoolExecutor] = None
         self._ahead: dict[int, Future[None]] = {}
-        self._order: list[int] = []
-        self._position = 0  # where in ``_order`` the reader is
+        self._order: list[int] = []  # this epoch's parts in order of first use, then the next's
+        self._current = 0  # how many of ``_order`` are this epoch's
+        self._first: dict[int, int] = {}  # part -> its place in this epoch's part of ``_order``
+        self._position = 0  # where in ``_order`` the reader is: its latest new part this epoch
+        # How far behind ``_position`` the reader comes back to parts (the window of parts it
+        # mixes, less one): learned from its reads, kept across epochs.
+        self._lag = 0
+        self._fetched = 0  # parts downloaded since this epoch's order was announced
+        self._warned = False
         self._held: dict[int, int] = {}
         # Set by ``close``: the fetches ahead submitted until then stop (retries included).
         self._stopping = threading.Event()
@@ -152,8 +165,7 @@ class StreamingParts:
             lease.hold(self.item(index))
         with self._lock:
             self._held[index] = self._held.get(index, 0) + 1
-            if index in self._order[self._position :]:
-                self._position = self._order.index(index, self._position)
+            self._advance(index)
             ahead = self._ahead.get(index)
         try:
             if ahead is not None:
@@ -182,13 +194,61 @@ class StreamingParts:
                 self._held.pop(index, None)
         budget.process_lease(self.root).drop(self.item(index))
 
-    def expect(self, order: Sequence[int]) -> None:
+    def expect(self, order: Sequence[int], current: Optional[int] = None) -> None:
+        """Announces the reader's order: this epoch's parts in order of first use, then the next
+        epoch's; ``current`` says how many are this epoch's (None: up to the first part named
+        twice, as ``CacheReader.expect_plan`` lists each epoch's parts once)."""
         self._process()
         with self._lock:
-            self._order = [int(index) for index in order]
-            self._position = 0
+            self._set_order([int(index) for index in order], current)
+            self._fetched = 0
         self._announce()
         self._fetch_ahead()
+
+    # -- where the reader is -----------------------------------------------------------------
+    def _set_order(self, order: list[int], current: Optional[int]) -> None:
+        if current is None:
+            seen: set[int] = set()
+            current = len(order)
+            for place, index in enumerate(order):
+                if index in seen:
+                    current = place
+                    break
+                seen.add(index)
+        self._order, self._current, self._position = order, max(0, min(current, len(order))), 0
+        self._first = {}
+        for place, index in enumerate(order[: self._current]):
+            self._first.setdefault(index, place)
+
+    def _advance(self, index: int) -> None:
+        """Notes that the reader reads part ``index`` (under ``_lock``): a part new to this epoch
+        moves its position there; a part it read before this epoch shows how far back it reads
+        (``_lag``). Only a part this epoch does not read at all moves it into the next epoch."""
+        place = self._first.get(index)
+        if place is None:
+            later = self._order[self._current :]
+            if index not in later:
+                return  # not in the announced order (a random read): where it is stays
+            self._set_order(later, None)  # the reader went on into the next epoch unannounced
+            place = self._first.get(index)
+            if place is None:
+                return
+        if place >= self._position:
+            self._position = place
+        else:
+            self._lag = max(self._lag, self._position - place)
+
+    def _needed(self) -> tuple[list[int], int, int]:
+        """(parts, keep, start): what the reader needs from here on, in order -- the parts of
+        this epoch it may still come back to, then ``_order`` from its position --; how many of
+        those a fetch ahead must leave on the node: the rest of this epoch and the parts the next
+        one starts with (as many as the reader reads at a time); and where in ``_order`` the list
+        starts (under ``_lock``)."""
+        start = max(0, self._position - self._lag)
+        if self._position >= self._current:
+            start = self._position
+        keep = max(0, self._current - start) + min(self._lag + 1, len(self._order) - self._current)
+        return self._order[start:], keep, start
 
     def close(self) -> None:
         """Stops fetching ahead: queued fetches are dropped, running ones stop at their next
@@ -206,8 +266,9 @@ class StreamingParts:
     # -- fetching --------------------------------------------------------------------------
     def _announce(self) -> None:
         with self._lock:
-            upcoming = self._order[self._position : self._position + budget.UPCOMING_LIMIT]
-        budget.process_lease(self.root).announce(self._key, [self.item(index) for index in upcoming])
+            needed, now, _start = self._needed()
+        upcoming = needed[: budget.UPCOMING_LIMIT]
+        budget.process_lease(self.root).announce(self._key, [self.item(index) for index in upcoming], now)
 
     def _ahead_count(self) -> int:
         """Parts fetched ahead: enough to keep the transfer threads busy; under a budget no
@@ -218,25 +279,32 @@ class StreamingParts:
         return max(1, min(MAX_AHEAD, self.transfer_threads, self.limit // max(1, largest) // 4))
 
     def _fetch_ahead(self) -> None:
-        """Starts fetches of the next parts of the announced order (not yet on the node)."""
+        """Starts fetches of the next parts of the announced order (not yet on the node): this
+        epoch's, and at most the first of the next epoch's."""
         with self._lock:
-            window = self._order[self._position : self._position + 1 + self._ahead_count()]
+            _needed, _now, start = self._needed()
+            end = min(self._position + 1 + self._ahead_count(), self._current + 1)
+            window = self._order[self._position : end]
             if window and not os.path.exists(self.path(window[0])):
                 # The part the reader needs now has the link to itself: the next ones start
                 # when it is here (the first batch comes after one part's fetch, not several).
                 window = window[:1]
-            for distance, index in enumerate(window):
+            for place, index in enumerate(window, start=self._position):
                 if index in self._ahead and not self._ahead[index].done():
                     continue
                 if os.path.exists(self.path(index)):
                     continue
+                # Ahead within this epoch: never evicting what is needed before it. The next
+                # epoch's first part: only into room that no reader needs (it is fetched ahead
+                # to start that epoch without waiting, not at the cost of a part it reads).
+                distance = place - start if place < self._current else math.inf
                 if self._pool is None:
                     self._pool = ThreadPoolExecutor(self.transfer_threads, thread_name_prefix="yogacache-stream")
                 self._ahead[index] = self._pool.submit(self._fetch_quietly, index, distance, self._stopping)
             for index in [i for i, future in self._ahead.items() if future.done()]:
                 del self._ahead[index]
 
-    def _fetch_quietly(self, index: int, distance: int, stopping: threading.Event) -> None:
+    def _fetch_quietly(self, index: int, distance: float, stopping: threading.Event) -> None:
         try:
             with stop_retries_when(stopping):
                 self._fetch(index, on_demand=False, distance=distance, stopping=stopping)
@@ -244,7 +312,7 @@ class StreamingParts:
             log.debug("fetching part %s ahead failed: %s", self.file_names[index], error)
 
     def _fetch(
-        self, index: int, *, on_demand: bool, distance: int = 0, stopping: Optional[threading.Event] = None
+        self, index: int, *, on_demand: bool, distance: float = 0, stopping: Optional[threading.Event] = None
     ) -> None:
         """Makes part ``index`` present and verified on the node (one download per node); a
         fetch ahead stops (TransferCancelled) once ``stopping`` is set."""
@@ -272,18 +340,63 @@ class StreamingParts:
                 temp.unlink(missing_ok=True)
                 raise
             fsync_path(self.directory)
+            self._count_fetch()
             try:
                 write_stamp(file_identity(target), part.hash_label)
             except OSError:
                 pass
 
-    def _reserve(self, index: int, *, on_demand: bool, distance: int) -> Optional[Path]:
+    def _nearer_missing(self, index: int) -> bool:
+        """Whether a part the reader needs before part ``index`` (from its position on) is neither
+        on the node nor being downloaded: a fetch ahead of ``index`` would take its room."""
+        with self._lock:
+            order, position = self._order, self._position
+            end = position
+            while end < len(order) and order[end] != index:
+                end += 1
+            nearer = order[position:end]
+        for other in nearer:
+            name = self.file_names[other]
+            if os.path.exists(self.path(other)):
+                continue
+            if not any(self.directory.glob(f".{name}{budget.TEMP_MARK}*")):
+                return True
+        return False
+
+    def _count_fetch(self) -> None:
+        """Counts a download of this epoch; warns once when an epoch fetched more than each of
+        its parts and one more (fetched ahead for the next epoch): the budget keeps too few
+        parts for the read order, and parts are fetched again within the epoch."""
+        with self._lock:
+            self._fetched += 1
+            fetched, parts = self._fetched, len(self._first)
+            if self._warned or not parts or fetched <= parts + 1:
+                return
+            self._warned = True
+        manifest, limit = self.manifest, self.limit
+        budget_text = "no local_cache_limit" if limit is None else f"local_cache_limit {format_size(limit)}"
+        log.warning(
+            "streaming %s:%s: this reader fetched %d parts in an epoch that reads %d, so it fetches "
+            "parts again that it still needs: %s holds too few parts for its read order. Raise "
+            "local_cache_limit, or, with shuffle_mode='parts', lower parts_window (the parts mixed "
+            "at a time, each kept on the node while it is read); shuffle_mode='shard' and 'global' "
+            "read every part throughout an epoch",
+            manifest.dataset_id,
+            manifest.dataset_version,
+            fetched,
+            parts,
+            budget_text,
+        )
+
+    def _reserve(self, index: int, *, on_demand: bool, distance: float) -> Optional[Path]:
         """The temporary file to download part ``index`` into, its bytes reserved in the budget;
         None (fetching ahead) when there is no room without evicting what is needed sooner."""
         part = self.manifest.parts[index]
         name = self.file_names[index]
         if self.limit is None:
             return budget.create_reservation(self.directory, name, part.size_bytes)
+        if not on_demand and self._nearer_missing(index):
+            return None  # the room goes to the parts needed first: fetched when they are here
         reserved: list[Path] = []
         deadline = time.monotonic() + ROOM_WAIT_SECONDS
         while True:
@@ -292,6 +405,7 @@ class StreamingParts:
                 part.size_bytes,
                 self.limit,
                 sooner_than=distance if not on_demand else 0,
+                ahead=not on_demand,
                 before_release=lambda: reserved.append(
                     budget.create_reservation(self.directory, name, part.size_bytes)
                 ),
