@@ -1,0 +1,186 @@
+"""Parts fetched per epoch by a streamed reader under a budget of half the cache.
+
+A cache of 16 small parts (64 records of 4 KiB each) is published to a bucket of moto's S3
+server (started here; or to a directory with ``--backend file``), then read by one in-process
+reader, two epochs, under a ``local_cache_limit`` of half the cache's bytes, in reads of 16
+records (``--read-records``; real records are larger than 4 KiB, so a read holds far fewer
+records than a part, as here). The table counts each epoch's part downloads against what
+docs/streaming.md promises: epoch 1 at most D + 1 parts (D: the cache's parts; one more: the
+next epoch's first part, fetched ahead), epoch 2 at most (D - B) + 1 (B: the parts the budget
+holds). Every epoch's records are checked: each record once, with its own values.
+
+Usage: ``.venv/bin/python benchmarks/bench_parts_budget.py [--backend s3|file] [--epochs 2]
+[--runs 3] [--windows 1,2,4] [--read-records 16]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import numpy as np
+
+from yogacache.backends.base import ObjectStore
+from yogacache.read import pipeline
+from yogacache.read.options import ReadOptions
+from yogacache.read.parts_shuffle import DEFAULT_PARTS_WINDOW, PartLayout
+
+try:
+    from yogacache.read.parts_shuffle import budget_window
+except ImportError:  # yogacache before the window fitted the budget: it read with the window asked
+
+    def budget_window(window: int, layout: PartLayout, budget_bytes: int) -> int:
+        return window
+from yogacache.read.pipeline import read_stream
+from yogacache.store import streaming
+from yogacache.store.remote import RemoteCacheStore
+
+RECORDS = 1024
+PART_BYTES = 256 << 10  # 16 parts of 64 records of 4 KiB
+DS, VER = "bench-parts-budget", "v1"
+SEED = 7  # run r shuffles with seed SEED + r
+
+
+def data() -> list[tuple[np.ndarray, int]]:
+    """Record i: (int32[1024] filled with i, i)."""
+    return [(np.full(1024, i, np.int32), i) for i in range(RECORDS)]
+
+
+def start_moto() -> tuple[subprocess.Popen[bytes], str]:
+    """moto's S3 server on a free port of 127.0.0.1 (the process, its URL)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    binary = Path(sys.executable).with_name("moto_server")
+    process = subprocess.Popen(
+        [str(binary), "-H", "127.0.0.1", "-p", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            break
+        except OSError:
+            if time.monotonic() > deadline:
+                process.kill()
+                raise
+            time.sleep(0.1)
+    return process, f"http://127.0.0.1:{port}"
+
+
+class Downloads:
+    """Counts this process's part downloads (``StreamingParts._download`` calls that finished)."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        lock = threading.Lock()
+        original = streaming.StreamingParts._download
+
+        def counted(provider: Any, index: int, temp: Path, stopping: Any = None) -> None:
+            original(provider, index, temp, stopping)
+            with lock:
+                self.count += 1
+
+        streaming.StreamingParts._download = counted  # type: ignore[method-assign, assignment]
+
+
+def read_epochs(store: RemoteCacheStore, options: ReadOptions, epochs: int, downloads: Downloads) -> list[int]:
+    """The part downloads of each epoch; every epoch's records checked against the dataset."""
+    reader = store.open(DS, VER)
+    try:
+        stream = read_stream(reader, options)
+        fetched = []
+        for epoch in range(1, epochs + 1):
+            before = downloads.count
+            labels = []
+            for array, label in stream:
+                if not (array == label).all():
+                    raise SystemExit(f"epoch {epoch}: record {label} holds the wrong values")
+                labels.append(int(label))
+            if sorted(labels) != list(range(RECORDS)):
+                raise SystemExit(f"epoch {epoch}: read {len(labels)} records, not each of {RECORDS} once")
+            fetched.append(downloads.count - before)
+        return fetched
+    finally:
+        reader.close()
+
+
+def main(argv: Optional[list[str]] = None) -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--backend", choices=["s3", "file"], default="s3")
+    parser.add_argument("--epochs", type=int, default=2)
+    parser.add_argument("--runs", type=int, default=3, help="fresh nodes per row (each run's count shown)")
+    parser.add_argument("--windows", default=f"1,2,{DEFAULT_PARTS_WINDOW}")
+    parser.add_argument("--read-records", type=int, default=16, help="records per read")
+    args = parser.parse_args(argv)
+    read = args.read_records
+    pipeline.ReadSizes.for_manifest = classmethod(  # type: ignore[method-assign, assignment]
+        lambda cls, manifest: cls(full=read, first=read)
+    )
+
+    downloads = Downloads()
+    work = Path(tempfile.mkdtemp(prefix="bench-parts-budget-"))
+    moto: Optional[subprocess.Popen[bytes]] = None
+    try:
+        objects: Callable[[], ObjectStore]
+        if args.backend == "s3":
+            from yogacache.backends.s3 import S3ObjectStore
+
+            moto, url = start_moto()
+            os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
+            os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
+            bucket = f"bench-{uuid.uuid4().hex[:12]}"
+            S3ObjectStore(bucket, "caches", endpoint_url=url)._client.create_bucket(Bucket=bucket)
+            objects = lambda: S3ObjectStore(bucket, "caches", endpoint_url=url)  # noqa: E731
+        else:
+            from yogacache.backends.files import FileObjectStore
+
+            objects = lambda: FileObjectStore(work / "bucket")  # noqa: E731
+        builder = RemoteCacheStore(objects(), work / "builder", part_size_bytes=PART_BYTES, show_progress=False)
+        manifest = builder.get_or_build(DS, VER, data).manifest
+        parts = len(manifest.parts)
+        limit = manifest.total_size_bytes // 2
+        budget_parts = limit // max(part.size_bytes for part in manifest.parts)
+
+        rows: list[tuple[str, Callable[[int], ReadOptions]]] = [("sequential", lambda seed: ReadOptions())]
+        layout = PartLayout.from_manifest(manifest)
+        for window in (int(w) for w in args.windows.split(",")):
+            name = f"`parts`, window {window}" + (" (default)" if window == DEFAULT_PARTS_WINDOW else "")
+            if budget_window(window, layout, limit) < window:  # what the reader now does
+                name += f", read with {budget_window(window, layout, limit)}"
+            rows.append((name, lambda seed, window=window: ReadOptions(  # type: ignore[misc]
+                shuffle=True, shuffle_seed=seed, reshuffle_each_epoch=True, shuffle_mode="parts",
+                parts_window=window)))
+        print(f"Parts fetched per epoch, {args.runs} runs each (seeds {SEED}..{SEED + args.runs - 1}): {parts} "
+              f"parts ({manifest.total_size_bytes} bytes) on {args.backend}, budget of half (B = {budget_parts} "
+              f"parts), reads of {read} records; promised: epoch 1 <= {parts + 1}, epoch 2 <= "
+              f"{parts - budget_parts + 1}\n")
+        print("| order | " + " | ".join(f"epoch {e}" for e in range(1, args.epochs + 1)) + " |")
+        print("|---|" + "---:|" * args.epochs)
+        for name, options in rows:
+            runs = []
+            for run in range(args.runs):  # a fresh node and another seed each run
+                node = work / f"node-{uuid.uuid4().hex[:8]}"
+                store = RemoteCacheStore(objects(), node, show_progress=False, streaming=True, local_cache_limit=limit)
+                runs.append(read_epochs(store, options(SEED + run), args.epochs, downloads))
+            cells = [" / ".join(str(run[e]) for run in runs) for e in range(args.epochs)]
+            print(f"| {name} | " + " | ".join(cells) + " |", flush=True)
+    finally:
+        if moto is not None:
+            moto.terminate()
+            moto.wait(timeout=10)
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
