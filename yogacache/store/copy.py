@@ -23,6 +23,7 @@ names (``RemoteCacheStore``'s clean-up).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import os
@@ -32,7 +33,7 @@ from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Mapping, Optional, Union, cast
+from typing import Any, ContextManager, Mapping, Optional, Union, cast
 
 from yogacache.backends.base import (
     DEFAULT_TRANSFER_THREADS,
@@ -43,7 +44,8 @@ from yogacache.errors import CacheNotFoundError, ConfigError, CorruptCacheError,
 from yogacache.format.checksum import Crc32c
 from yogacache.format.manifest import MANIFEST_NAME, MAX_MANIFEST_BYTES, Manifest, PartInfo
 from yogacache.names import validate_name, validate_version
-from yogacache.progress import TransferProgress
+from yogacache.progress import TransferProgress, waiter
+from yogacache.store.lease import DEFAULT_LEASE_SECONDS, LEASE_NAME, Lease, holding
 from yogacache.store.transfers import run_transfers
 
 log = logging.getLogger(__name__)
@@ -178,8 +180,13 @@ def copy_cache(
     threads: int = COPY_THREADS,
     show_progress: bool = True,
     endpoint_url: Optional[str] = None,
+    lease: Optional[Lease] = None,
 ) -> CopyReport:
     """Copies the cache published at ``source`` to ``destination`` (see the module doc).
+
+    The copy holds the destination's build lease (a shared_fs directory's build lock), the one
+    ``get_or_build`` takes there: a node that would build the cache at the destination meanwhile
+    waits, then reads the copy. ``lease``: that lease, already held by the caller (a mirror fill).
 
     Raises CacheNotFoundError when the source has no such cache, CopyRefusedError when the
     destination holds another build and ``replace_other`` is false, CorruptCacheError when a
@@ -193,6 +200,43 @@ def copy_cache(
     if any(part.crc32c is None for part in manifest.parts):
         manifest = add_checksums(src, dataset_id, dataset_version, threads=threads)
     report = CopyReport(dataset_id, dataset_version, manifest.build_id, src.url(), dst.url())
+    with contextlib.nullcontext(lease) if lease is not None else _destination_lease(dst, manifest):
+        _copy_holding_lease(src, dst, manifest, report, replace_other, threads, show_progress)
+    return report
+
+
+def _destination_lease(dst: CacheLocation, manifest: Manifest) -> ContextManager[Any]:
+    """What a builder at ``dst`` holds while it writes the cache: the build lease object of a
+    bucket (or a ``file://`` bucket layout), the build lock of a shared_fs directory."""
+    dataset_id, dataset_version = manifest.dataset_id, manifest.dataset_version
+    if not dst.build_prefixed:
+        from yogacache.store.local import CacheStore
+
+        root = cast(Any, dst.objects).root
+        return CacheStore(root, show_progress=False).lock(
+            dataset_id, dataset_version, on_wait=waiter(dataset_id, dataset_version)
+        )
+    return holding(
+        dst.objects,
+        dst.cache_key(dataset_id, dataset_version, LEASE_NAME),
+        DEFAULT_LEASE_SECONDS,
+        what=f"{dataset_id}:{dataset_version}",
+        build_id=manifest.build_id,
+        doing="copying",
+    )
+
+
+def _copy_holding_lease(
+    src: CacheLocation,
+    dst: CacheLocation,
+    manifest: Manifest,
+    report: CopyReport,
+    replace_other: bool,
+    threads: int,
+    show_progress: bool,
+) -> None:
+    """Steps 1 (the destination's side) to 4 of the module doc; the caller holds the lease."""
+    dataset_id, dataset_version = manifest.dataset_id, manifest.dataset_version
     token, existing = dst.published(dataset_id, dataset_version)
     same = existing is not None and existing.freshness == manifest.freshness
     if token is not None and not same:
@@ -212,7 +256,7 @@ def copy_cache(
     copied = replace(manifest, parts=parts)
     if same:
         log.info("%s already holds build %s; its parts were checked", dst.url(), manifest.build_id)
-        return report
+        return
     key = dst.manifest_key(dataset_id, dataset_version)
     if token is None:
         written = dst.objects.write(key, copied.to_bytes(), if_absent=True)
@@ -222,7 +266,7 @@ def copy_cache(
         _, now = dst.published(dataset_id, dataset_version)
         if now is not None and now.freshness == manifest.freshness:
             log.info("another copy published build %s at %s first", manifest.build_id, dst.url(key))
-            return report
+            return
         raise CopyConflictError(
             f"another process published {dst.url(key)} while this copy of build {manifest.build_id} "
             "ran; the other build stays published. Its parts were copied and are removed by the "
@@ -234,7 +278,7 @@ def copy_cache(
         prefix = dst.cache_key(dataset_id, dataset_version, f"{existing.build_id}-")
         for info in dst.objects.list(prefix):
             dst.objects.delete(info.key)
-    return report
+
 
 
 def add_checksums(

@@ -31,6 +31,7 @@ from yogacache.errors import YogaCacheError
 log = logging.getLogger(__name__)
 
 LEASE_NAME = "build-lease.json"  # beside the cache's manifest: <id>/<version>/build-lease.json
+DEFAULT_LEASE_SECONDS = 120.0  # a holder renews every third of it; a waiter takes over after it
 
 
 class BuildWaitTimeoutError(YogaCacheError, TimeoutError):

@@ -141,6 +141,7 @@ class MirroredCacheStore(RemoteCacheStore):
                         dataset_version,
                         replace_other=True,
                         show_progress=self.show_progress,
+                        lease=lease,  # held: the copy must not wait for it
                     )
                 finally:
                     lease.release()
