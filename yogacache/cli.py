@@ -730,11 +730,13 @@ def cmd_import(store: Store, args: argparse.Namespace) -> int:
 
     target = args.storage or os.environ.get(STORAGE_ENV) or None
     workers = args.workers or 1
+    quiet_store = open_store(target, endpoint_url=args.endpoint_url, local_cache=args.local_cache)
     # The import draws its own progress line (objects, bytes, records): the build's stays off,
-    # except with workers, which report through it.
-    quiet_store = open_store(
-        target, endpoint_url=args.endpoint_url, local_cache=args.local_cache, show_progress=workers > 1
-    )
+    # except with workers, which report through it. The upload of a published cache that follows
+    # is reported by the store as it goes.
+    builder = getattr(quiet_store, "local", quiet_store)
+    if workers == 1 and isinstance(builder, CacheStore):
+        builder.show_progress = False
     source = from_url(
         args.sources,
         format=args.format,

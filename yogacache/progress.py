@@ -5,6 +5,12 @@ wrap); rich is imported only when a live line is shown. Off a terminal (CI, pipe
 log) progress is a human-readable line every ``interval`` seconds on the ``yogacache.progress``
 logger; when the program has not configured logging at all, the lines go to stderr, so a long
 build is never silent by default. Sizes are always human (``1.2 GiB``), never raw byte counts.
+
+A stretch with nothing new to report (an upload waiting on the store, a slow source filling its
+first batch) still gets a line every interval: a heartbeat thread repeats the latest one, with
+its elapsed time and rate brought up to date. ``$YOGACACHE_PROGRESS_INTERVAL`` sets the interval
+of log lines (default 10 s). On a terminal the live line keeps its numbers (percentage, ETA)
+whole and shortens the label instead.
 """
 
 from __future__ import annotations
@@ -21,6 +27,12 @@ from typing import Any, Callable, Optional, TextIO
 log = logging.getLogger("yogacache.progress")
 
 _ACTIVE: weakref.WeakSet[Progress] = weakref.WeakSet()  # every progress shown, for mute_all/close_all
+INTERVAL_ENV = "YOGACACHE_PROGRESS_INTERVAL"
+LOG_INTERVAL = 10.0  # seconds between log lines off a terminal (README: "a line every 10 s")
+LIVE_INTERVAL = 0.2  # seconds between redraws of a live line
+_LIVE_HEARTBEAT = 1.0  # a live line standing still is redrawn (elapsed, ETA) this often
+_LABEL_MIN = 20  # a live line's label is shortened to no less than this
+_BAR_WIDTH = 10
 
 
 def format_bytes(count: float) -> str:
@@ -112,6 +124,41 @@ def close_all() -> None:
         progress.close()
 
 
+def _log_interval() -> float:
+    """Seconds between log lines: ``$YOGACACHE_PROGRESS_INTERVAL``, else 10."""
+    try:
+        return max(0.0, float(os.environ.get(INTERVAL_ENV, LOG_INTERVAL)))
+    except ValueError:
+        return LOG_INTERVAL
+
+
+_heartbeat_pid: Optional[int] = None
+_heartbeat_lock = threading.Lock()
+
+
+def _start_heartbeat() -> None:
+    """Starts the thread that repeats every silent progress's latest line (once per process:
+    a forked child starts its own)."""
+    global _heartbeat_pid
+    with _heartbeat_lock:
+        if _heartbeat_pid == os.getpid():
+            return
+        _heartbeat_pid = os.getpid()
+    threading.Thread(target=_heartbeat, name="yogacache-progress", daemon=True).start()
+
+
+def _heartbeat() -> None:
+    while True:
+        active = list(_ACTIVE)
+        shortest = min((p.heartbeat_period for p in active if p.heartbeat_period > 0), default=1.0)
+        time.sleep(min(1.0, max(0.05, shortest / 4)))
+        for progress in active:
+            try:
+                progress.beat()
+            except Exception:  # a progress line must never take a program down
+                log.debug("progress heartbeat failed", exc_info=True)
+
+
 class Progress:
     """Reports records, bytes and rate of a build (and %, ETA when ``total`` records are known),
     throttled to a few updates per second on a terminal, one line per ``interval`` otherwise."""
@@ -124,26 +171,55 @@ class Progress:
         stream: Optional[TextIO] = None,
         interval: Optional[float] = None,
         total: Optional[int] = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        """``interval``: seconds between lines (default: 0.2 on a terminal, else
+        ``$YOGACACHE_PROGRESS_INTERVAL`` or 10); ``clock``: the time source (tests)."""
         self.label = label
         self.stream = stream or sys.stderr
         self.enabled = enabled
         self.total = total if total is not None and total > 0 else None
         self.tty = enabled and _is_terminal(self.stream)
-        self.interval = interval if interval is not None else (0.2 if self.tty else 10.0)
-        self.start = time.monotonic()
+        self.interval = interval if interval is not None else (LIVE_INTERVAL if self.tty else _log_interval())
+        self.clock = clock
+        self.start = clock()
         self._last = self.start
         self._live: Any = None  # the rich Progress drawing the line, once shown
         self._task: Any = None
         self._closed = False
         self._said = False  # a log line was emitted
         self.muted = False  # set by mute_all(): nothing more is shown
+        self._lock = threading.RLock()  # one update drawn at a time; close waits for it
+        # What the heartbeat repeats: the latest line asked for (before any, "nothing yet").
+        self._latest: tuple[Callable[..., str], dict[str, Any]] = (
+            lambda short=False: self._line(0, 0, short),
+            {"completed": 0, "total": self.total},
+        )
         if enabled:
             _ACTIVE.add(self)
+            if clock is time.monotonic:
+                _start_heartbeat()
+
+    @property
+    def heartbeat_period(self) -> float:
+        """How long a line may stand still before it is repeated (0: never)."""
+        if not self.enabled:
+            return 0.0
+        return _LIVE_HEARTBEAT if self.tty else self.interval
+
+    def beat(self) -> None:
+        """Repeats the latest line (elapsed time, rate and ETA brought up to date) when nothing
+        was shown for a heartbeat period; the heartbeat thread calls this."""
+        period = self.heartbeat_period
+        if period <= 0 or self._closed or self.muted:
+            return
+        if self.clock() - self._last >= period:
+            line, options = self._latest
+            self.emit(line, **options)
 
     # -- what is shown ----------------------------------------------------------------------
     def _rate_and_eta(self, done: float, total: Optional[float]) -> tuple[float, Optional[float]]:
-        elapsed = max(time.monotonic() - self.start, 1e-9)
+        elapsed = max(self.clock() - self.start, 1e-9)
         rate = done / elapsed
         if total is None or rate <= 0 or done >= total:
             return rate, None
@@ -151,13 +227,12 @@ class Progress:
 
     def _line(self, records: int, size: int, short: bool = False) -> str:
         rate, eta = self._rate_and_eta(records, self.total)
-        elapsed = max(time.monotonic() - self.start, 1e-9)
+        elapsed = max(self.clock() - self.start, 1e-9)
         eta_text = f"ETA {format_duration(eta)}" if eta is not None else ""
-        if short:  # the live line: what matters first, so a narrow terminal cuts the least useful
+        if short:  # the live line: percentage and ETA are drawn beside the bar
             if self.total is None:
                 return f"{records:,} records, {format_bytes(size)}, {records / elapsed:,.0f}/s"
-            percent = f"{100 * records / self.total:.0f}%"
-            return ", ".join(filter(None, [percent, eta_text, f"{records:,}/{self.total:,}"]))
+            return f"{records:,}/{self.total:,}"
         if self.total is None:
             count = f"{records:,} records"
         else:
@@ -166,7 +241,7 @@ class Progress:
         return text + (f", {eta_text})" if eta_text else ")")
 
     def _finish_line(self, records: int, size: int, short: bool = False) -> str:
-        elapsed = max(time.monotonic() - self.start, 1e-9)
+        elapsed = max(self.clock() - self.start, 1e-9)
         if short:
             return f"{records:,} records, {format_bytes(size)} in {format_duration(elapsed)}"
         return (
@@ -185,33 +260,58 @@ class Progress:
     ) -> None:
         """Shows ``line()`` (a live line on a terminal, a log line otherwise), at most once per
         interval; ``final`` ends the live line. On a terminal the line is ``line(short=True)``
-        when ``line`` takes that argument, and ``completed``/``total`` draw a bar."""
+        when ``line`` takes that argument, and ``completed``/``total`` draw a bar, a percentage
+        and an ETA. Safe from several threads; nothing is drawn once muted or closed."""
         if not self.enabled or self._closed or self.muted:
             return
-        now = time.monotonic()
-        if not final and now - self._last < self.interval:
-            return
-        self._last = now
-        if self.tty:
-            if final and self._live is None:
+        with self._lock:
+            if not final:
+                self._latest = (line, {"log_prefix": log_prefix, "completed": completed, "total": total})
+            now = self.clock()
+            if not final and now - self._last < self.interval:
                 return
-            try:
-                text = line(short=True)
-            except TypeError:
+            if self.tty:
+                if final and self._live is None:
+                    self._close_locked()
+                    return
+                try:
+                    text = line(short=True)
+                except TypeError:
+                    text = line()
+                if self._closed or self.muted:  # Ctrl-C came while the line was made
+                    return
+                self._last = now
+                self._draw(text, completed, total, final, log_prefix)
+                if final:
+                    self._close_locked()
+            else:
+                if final and not self._said and not log.hasHandlers() and now - self.start < self.interval:
+                    self._close_locked()
+                    return  # logging not configured: a quick build or transfer stays quiet
                 text = line()
-            self._draw(text, completed, total, final, log_prefix)
-            if final:
-                self.close()
-        else:
-            if final and not self._said and not log.hasHandlers() and now - self.start < self.interval:
-                return  # logging not configured: a quick build or transfer stays quiet
-            self._said = True
-            say(f"{log_prefix}{self.label}: {line()}")
+                if self._closed or self.muted:
+                    return
+                self._last = now
+                self._said = True
+                say(f"{log_prefix}{self.label}: {text}")
+                if final:
+                    self._close_locked()  # the heartbeat repeats nothing after the last line
+
+    def _numbers(self, completed: Optional[float], total: Optional[float], final: bool) -> str:
+        """``42% ETA 1 min 05 s`` from ``completed`` of ``total`` (empty when unknown or final)."""
+        if final or completed is None or not total:
+            return ""
+        percent = f"{min(100, int(100 * completed / total))}%"
+        _, eta = self._rate_and_eta(completed, total)
+        return percent + (f" ETA {format_duration(eta)}" if eta is not None else "")
 
     def _draw(
         self, text: str, completed: Optional[float], total: Optional[float], final: bool = False, prefix: str = ""
     ) -> None:
-        description = f"{prefix}{self.label}"
+        """Draws the live line: label, bar, percentage and ETA, then ``text``, fitted to the
+        terminal: the label is shortened first, then the end of ``text``; the numbers stay."""
+        numbers = self._numbers(completed, total, final)
+        label = f"{prefix}{self.label}"
         if self._live is None:
             from rich.console import Console
             from rich.progress import BarColumn, TextColumn
@@ -220,23 +320,40 @@ class Progress:
 
             console = Console(file=self.stream, highlight=False)
             self._live = RichProgress(
-                TextColumn("{task.description}", table_column=Column(no_wrap=True, overflow="ellipsis", max_width=40)),
-                BarColumn(bar_width=10),
-                TextColumn("{task.fields[text]}", table_column=Column(no_wrap=True, overflow="ellipsis")),
+                TextColumn("{task.description}", table_column=Column(no_wrap=True)),
+                BarColumn(bar_width=_BAR_WIDTH),
+                TextColumn("{task.fields[text]}", table_column=Column(no_wrap=True)),
                 console=console,
                 auto_refresh=False,  # no drawing thread: every update draws, throttled above
                 redirect_stdout=False,
                 redirect_stderr=False,
             )
-            self._task = self._live.add_task(description, total=total, completed=completed or 0, text=text)
+        width = self._live.console.width - 1  # the last column stays empty: no wrap
+        right = " ".join(filter(None, [numbers, text]))
+        room = max(width - _BAR_WIDTH - 2 - len(right), _LABEL_MIN)
+        if len(label) > room:
+            label = self.label  # the verb goes first, then the end of the name
+        if len(label) > room:
+            label = label[: room - 1] + "…"
+        room = width - _BAR_WIDTH - 2 - len(label)
+        if len(right) > room:
+            right = right[: max(room - 1, len(numbers))] + "…"
+        if self._task is None:
+            self._task = self._live.add_task(label, total=total, completed=completed or 0, text=right)
             self._live.start()  # draws the first line
             return
-        self._live.update(self._task, description=description, total=total, completed=completed or 0, text=text)
+        self._live.update(self._task, description=label, total=total, completed=completed or 0, text=right)
         if not final:
             self._live.refresh()  # a final line is drawn by close()
 
     def close(self) -> None:
-        """Ends the live line (idempotent); later updates are ignored."""
+        """Ends the live line (idempotent); later updates are ignored. An update being drawn
+        by another thread (a transfer) is finished first, so nothing is drawn after this."""
+        self._closed = True
+        with self._lock:
+            self._close_locked()
+
+    def _close_locked(self) -> None:
         self._closed = True
         live, self._live = self._live, None
         if live is not None:
@@ -274,22 +391,23 @@ class TransferProgress:
         self.done = 0
         self._lock = threading.Lock()
         self._progress = Progress(label, enabled=enabled, stream=stream)
+        self._progress._latest = (self._line, {"completed": 0, "total": total})  # what a heartbeat repeats
 
     def _line(self, short: bool = False) -> str:
         rate, eta = self._progress._rate_and_eta(self.done, self.total)
         done, total = format_bytes(self.done), format_bytes(self.total)
         if self.done >= self.total:
-            waited = format_duration(time.monotonic() - self._progress.start)
+            waited = format_duration(self._progress.clock() - self._progress.start)
             if short:
                 return f"finishing ({waited})"
             return f"{done} of {total} transferred, finishing ({waited})"
         eta_text = format_duration(eta) if eta is not None else "?"
-        if short:  # the bar shows how far; the final line the size
-            return f"{100 * self.done / max(self.total, 1):.0f}%, ETA {eta_text}, {format_bytes(rate)}/s"
+        if short:  # the bar, percentage and ETA show how far; the final line the size
+            return f"{format_bytes(rate)}/s"
         return f"{done} of {total} ({format_bytes(rate)}/s, ETA {eta_text})"
 
     def _finish_line(self, short: bool = False) -> str:
-        elapsed = max(time.monotonic() - self._progress.start, 1e-9)
+        elapsed = max(self._progress.clock() - self._progress.start, 1e-9)
         if short:
             return f"{format_bytes(self.done)} in {format_duration(elapsed)}"
         return (
