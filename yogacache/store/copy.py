@@ -29,6 +29,7 @@ import logging
 import os
 import queue
 import threading
+import zlib
 from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
@@ -38,10 +39,11 @@ from typing import Any, ContextManager, Mapping, Optional, Union, cast
 from yogacache.backends.base import (
     DEFAULT_TRANSFER_THREADS,
     CopyableObjectStore,
+    ObjectChecksum,
     RemoteError,
 )
 from yogacache.errors import CacheNotFoundError, ConfigError, CorruptCacheError, YogaCacheError
-from yogacache.format.checksum import Crc32c
+from yogacache.format.checksum import Crc32c, encode_crc32c
 from yogacache.format.manifest import MANIFEST_NAME, MAX_MANIFEST_BYTES, Manifest, PartInfo
 from yogacache.names import validate_name, validate_version
 from yogacache.progress import TransferProgress, waiter
@@ -164,6 +166,10 @@ class CopyReport:
     bytes_through_client: int = 0
     published: bool = False  # this copy created (or replaced) the destination's manifest
     replaced_build: Optional[str] = None
+    # Copied server-side, then read back: the destination reported a CRC32C that is not the
+    # CRC32C of bytes that match the manifest (an endpoint computing another checksum).
+    read_back: list[str] = field(default_factory=list)
+    wrong_checksum: Optional[str] = None  # what the endpoint computes instead, where recognised
 
     @property
     def copied(self) -> list[str]:
@@ -253,6 +259,7 @@ def _copy_holding_lease(
                 "cache is not replaced in place under its readers: remove it first (yogacache rm)"
             )
     parts = _copy_parts(src, dst, manifest, report, threads=threads, show_progress=show_progress)
+    _say_read_back(dst, report)
     copied = replace(manifest, parts=parts)
     if same:
         log.info("%s already holds build %s; its parts were checked", dst.url(), manifest.build_id)
@@ -442,6 +449,8 @@ def _copy_part(
             # Neither end kept a CRC32C of the source: the one the destination computed while
             # copying bytes it never sent us is recorded (the content hash stays the end-to-end check).
             expected = after.crc32c
+        if expected is not None and after is not None and after.crc32c not in (None, expected):
+            after = _read_back(dst, key, part, after.crc32c, expected, report, lock)
         _check_copied(dst, key, part, after, expected)
         with lock:
             report.copied_server_side.append(part.name)
@@ -457,6 +466,58 @@ def _copy_part(
         report.streamed.append(part.name)
         report.bytes_through_client += part.size_bytes
     return replace(part, crc32c=computed)
+
+
+def _read_back(
+    dst: CacheLocation,
+    key: str,
+    part: PartInfo,
+    reported: Optional[str],
+    expected: str,
+    report: CopyReport,
+    lock: threading.Lock,
+) -> ObjectChecksum:
+    """The destination reported CRC32C ``reported`` for a part copied server-side, not the
+    manifest's ``expected``: the part is read back and checked here (size, content hash, CRC32C).
+    CorruptCacheError when its bytes differ; else the endpoint computes another checksum under
+    CRC32C's name, and the part's true checksum is returned (``copy_cache`` says so once)."""
+    hashed = _Hashed(dst.objects.read_chunks(key), part.hash_name)
+    crc32 = 0
+    for chunk in hashed:
+        crc32 = zlib.crc32(chunk, crc32)
+    if hashed.size != part.size_bytes or hashed.digest != part.digest or hashed.crc32c != expected:
+        raise CorruptCacheError(
+            f"part {part.name} at {dst.url(key)} has CRC32C {reported} after the copy, not {expected}, "
+            "and its bytes do not match the manifest: nothing was published"
+        )
+    with lock:
+        report.read_back.append(part.name)
+        if reported == encode_crc32c(crc32):
+            report.wrong_checksum = "CRC32"
+    return ObjectChecksum(hashed.size, expected)
+
+
+def _say_read_back(dst: CacheLocation, report: CopyReport) -> None:
+    """One warning for the parts ``_read_back`` checked: what is wrong with the endpoint, the cure."""
+    if not report.read_back:
+        return
+    endpoint = getattr(dst.objects, "endpoint", None) or dst.url()
+    if report.wrong_checksum == "CRC32":
+        what = (
+            "the CRC32 of their bytes, not their CRC32C (a moto server computes that when its crc32c "
+            "module is missing: pip install 'moto[s3crc32c]' where the server runs)"
+        )
+    else:
+        what = "a checksum that is not the CRC32C of their bytes"
+    log.warning(
+        "%s reports as CRC32C %s of %d part(s) copied to %s; each was read back and matches the "
+        "manifest's size, content hash and CRC32C, so the copy was published with the true CRC32Cs, "
+        "but this endpoint's own checksums cannot verify copies there (check_copy reports these parts)",
+        endpoint,
+        what,
+        len(report.read_back),
+        dst.url(dst.cache_key(report.dataset_id, report.dataset_version)),
+    )
 
 
 def _check_copied(dst: CacheLocation, key: str, part: PartInfo, after: Any, expected: Optional[str]) -> None:
