@@ -1,11 +1,17 @@
-"""The README's YogaDL snippet runs as pasted (only its cache directory moved under tmp_path)."""
+"""The README's snippets run as pasted (only their cache directory or endpoint moved), and what
+a newcomer reads first is true: the demo's epochs, where the CLI is, the extras and packages
+each snippet needs, every CLI command, how the streaming table was measured."""
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import subprocess
 import sys
+import uuid
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -30,3 +36,89 @@ def test_the_yogadl_snippet_runs_as_pasted(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     expected = [int(i) for i in np.random.RandomState(777).permutation(10)][5:]
     assert result.stdout.strip().splitlines()[-1] == str(expected)
+
+
+# -- issue 22, item 20: what a newcomer reads first is true ---------------------------------------
+def readme() -> str:
+    return (REPO / "README.md").read_text()
+
+
+def section(title: str) -> str:
+    """The README's text from the heading ``title`` to the next heading of any level."""
+    text = readme()
+    start = text.index(title)
+    following = [text.find(mark, start + len(title)) for mark in ("\n## ", "\n### ")]
+    return text[start : min(i for i in following if i != -1)]
+
+
+def test_the_quickstart_says_what_the_demo_does_and_where_the_cli_is() -> None:
+    demo = (REPO / "examples" / "quickstart.py").read_text()
+    epochs = int(re.search(r"^\s*epochs = (\d+)$", demo, re.M).group(1))  # type: ignore[union-attr]
+    words = {3: "three", 5: "five", 10: "ten"}
+    quickstart = section("## Quickstart")
+    assert f"for {words[epochs]} epochs" in quickstart
+    assert ".venv/bin/yogacache" in quickstart  # `make demo` puts no yogacache on PATH
+
+
+def test_the_pytorch_snippet_does_not_read_the_quickstarts_cache() -> None:
+    def cache_of(snippet: str) -> tuple[str, str]:
+        directory = re.search(r'"host_storage_path": "([^"]+)"', snippet).group(1)  # type: ignore[union-attr]
+        dataset_id = re.search(r'cache_train_dataset\("([^"]+)", "([^"]+)"', snippet)
+        return directory, f"{dataset_id.group(1)}:{dataset_id.group(2)}"  # type: ignore[union-attr]
+
+    quickstart, torch = cache_of(readme_block("## Quickstart")), cache_of(readme_block("## PyTorch"))
+    assert quickstart[0] != torch[0] and quickstart[1] != torch[1], (quickstart, torch)
+
+
+def test_the_snippets_name_what_they_need() -> None:
+    import yogacache.parallel
+
+    assert "pip install 'yogacache[sources]'" in section("## Caching straight from S3")
+    extras = (REPO / "setup.cfg").read_text()
+    assert re.search(r"^sources =$", extras, re.M)
+    assert "pip install webdataset" in section("### Export to WebDataset")
+    parallel = readme_block("## Parallel builds")
+    imported = {name.strip() for line in re.findall(r"^from \S+ import (.+?)(?:\s+#.*)?$", parallel, re.M)
+                for name in line.split(",")}
+    used = set(re.findall(r"\b([a-z_]+)\(", parallel)) & set(dir(yogacache.parallel))
+    assert used <= imported, used - imported
+    assert "plan_index_shards" in used
+
+
+def test_the_cli_section_lists_every_command() -> None:
+    from yogacache.cli import build_parser
+
+    parser = build_parser()
+    commands = set(parser._subparsers._group_actions[0].choices)  # type: ignore[union-attr]
+    cli = section("## CLI")
+    listed = set(re.findall(r"^yogacache (\w+)", cli, re.M))
+    assert commands <= listed, commands - listed
+
+
+def test_the_streaming_table_says_how_it_was_measured_and_what_missed() -> None:
+    streaming = readme()[readme().index("**Streaming**") : readme().index("## Development")]
+    assert "no DataLoader" in streaming and "dataset order" in streaming
+    # A figure above its target is never said to be within it.
+    for figure, target in re.findall(r"([\d.]+) GiB, within the target[^()]*\(([\d.]+) GiB\)", streaming):
+        assert float(figure) <= float(target), (figure, target)
+    assert "0.54 GiB, 0.01 GiB **over** the target" in streaming
+
+
+def test_the_s3_on_this_machine_snippet_runs(s3_server: Any, tmp_path: Path) -> None:
+    snippet = readme_block("### Trying S3 on this machine")
+    commands = section("### Trying S3 on this machine")
+    assert "moto_server" in commands and (Path(sys.executable).parent / "moto_server").exists()
+    assert "AWS_ACCESS_KEY_ID=" in commands and "endpoint_url" in snippet
+    bucket = f"readme-{uuid.uuid4().hex[:10]}"
+    code = snippet.replace("http://127.0.0.1:5000", s3_server.endpoint_url).replace("test-bucket", bucket)
+    env = {**os.environ, "PYTHONPATH": str(REPO), "YOGACACHE_HOME": str(tmp_path / "home")}
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().splitlines()[-1] == "1000 records"
+    listed = subprocess.run(
+        [sys.executable, "-m", "yogacache", "ls", "--json", "--storage", f"s3://{bucket}/caches",
+         "--endpoint-url", s3_server.endpoint_url],
+        capture_output=True, text=True, timeout=120, env=env,
+    )
+    assert listed.returncode == 0, listed.stderr
+    assert [(row["dataset_id"], row["records"]) for row in json.loads(listed.stdout)] == [("squares", 1000)]
