@@ -140,3 +140,35 @@ def test_a_local_copy_never_published_is_not_already_cached(s3_server: S3Server,
     keys = [bytes(element["__key__"]).decode() for element in reader.read_elements(range(len(reader)))]
     reader.close()
     assert keys == EXPECTED_KEYS
+
+
+def test_gc_removes_the_parts_an_interrupted_import_stranded(s3_server: S3Server, tmp_path: Path) -> None:
+    """``yogacache gc`` removes part objects no manifest names (under each cache's build lease),
+    and nothing a published manifest names."""
+    bucket = s3_server.new_bucket()
+    shards = write_tars(tmp_path / "src", shards=4)
+    local = tmp_path / "node"
+    storage = [
+        "--storage", f"s3://{bucket}/caches", "--endpoint-url", s3_server.endpoint_url, "--local-cache", str(local)
+    ]
+    keeper = RemoteCacheStore(
+        S3ObjectStore(bucket, "caches", endpoint_url=s3_server.endpoint_url), tmp_path / "keeper", show_progress=False
+    )
+    kept = keeper.build("kept", "v1", [{"i": i} for i in range(50)])
+
+    _interrupted_import(s3_server, bucket, shards, local)
+    stranded = [key for key in _objects(s3_server, bucket) if "-part-" in key]
+    assert stranded
+
+    code, out, err = _cli("gc", "--dry-run", "--limit", "1Gi", *storage)
+    assert code == 0, out + err
+    assert [key for key in _objects(s3_server, bucket) if "-part-" in key] == stranded  # a dry run
+    assert all(f"s3://{bucket}/{key}" in out for key in stranded), out
+    code, out, err = _cli("gc", "--limit", "1Gi", *storage)
+    assert code == 0, out + err
+    assert "stranded" in out and all(f"s3://{bucket}/{key}" in out for key in stranded), out
+    assert [key for key in _objects(s3_server, bucket) if "-part-" in key] == []
+    # The published cache beside it keeps every part its manifest names.
+    reader: Any = keeper.open("kept", "v1")
+    assert len(reader) == 50 and reader.manifest.freshness == kept.freshness
+    reader.close()

@@ -523,6 +523,8 @@ def cmd_gc(store: Store, args: argparse.Namespace) -> int:
     verb = "would remove" if args.dry_run else "removed"
     for eviction in result.evicted:
         print(f"{verb} {eviction.item.item} ({format_bytes(eviction.item.size)}): {eviction.reason}")
+    for url in result.stranded:
+        print(f"{verb} {url}: stranded part (no published manifest names it)")
     print(
         f"{store.root}: {format_bytes(result.before)} before, {format_bytes(result.after)} after "
         f"(limit {format_bytes(limit)}; {format_bytes(result.kept_in_use)} in use by live processes)"

@@ -14,7 +14,7 @@ import logging
 import os
 import shutil
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from yogacache.errors import CacheNotFoundError, CorruptCacheError, NoSpaceError, YogaCacheError
@@ -100,13 +100,16 @@ class CollectResult:
     after: int
     limit: int
     kept_in_use: int  # bytes held by live processes
+    stranded: list[str] = field(default_factory=list)  # remote part objects no manifest names
 
 
 def collect(store: Any, limit: int, *, dry_run: bool = False) -> CollectResult:
-    """Brings the node-local data of ``store`` under ``limit`` by the eviction policy."""
+    """Brings the node-local data of ``store`` under ``limit`` by the eviction policy, and removes
+    the remote's part objects no published manifest names (``RemoteCacheStore.remove_stranded``)."""
     root = store.local.root
     if not getattr(store, "remote_url", None) or not hasattr(store, "objects"):
         return CollectResult([], 0, 0, limit, 0)  # a shared_fs or local store: only copies
+    stranded = store.remove_stranded(dry_run=dry_run) if hasattr(store, "remove_stranded") else []
     with budget.budget_lock(root):
         items = budget.local_items(root)
         leases = budget.live_leases(root)
@@ -121,7 +124,7 @@ def collect(store: Any, limit: int, *, dry_run: bool = False) -> CollectResult:
             else:
                 after += eviction.item.size
         in_use = sum(item.size for item in items if item.item in leases.held)
-    return CollectResult(done, before, after, limit, in_use)
+    return CollectResult(done, before, after, limit, in_use, stranded)
 
 
 @dataclass(frozen=True)

@@ -608,6 +608,43 @@ class RemoteCacheStore:
         self.objects.delete(lease_key)  # released above: free, and no cache is left to build
         return True
 
+    def remove_stranded(self, *, dry_run: bool = False) -> builtins.list[str]:
+        """Deletes the part objects no published manifest names (what interrupted or failed
+        publishes and copies left), cache by cache under its build lease; a cache whose lease
+        another process holds is being written and is left alone. Returns the objects' URLs."""
+        found: dict[tuple[str, str], builtins.list[str]] = {}
+        for info in self.objects.list(""):
+            names = info.key.split("/")
+            if len(names) == 3 and "-part-" in names[2] and names[2].endswith(".mdb"):
+                found.setdefault((names[0], names[1]), []).append(info.key)
+        removed: builtins.list[str] = []
+        for (dataset_id, dataset_version), keys in sorted(found.items()):
+            try:
+                stranded = self._stranded(dataset_id, dataset_version, keys)
+            except (CorruptCacheError, IncompatibleCacheError, InvalidNameError):
+                continue  # which parts an unreadable manifest needs is unknown: nothing goes
+            if not stranded or dry_run:
+                removed.extend(self.objects.url(key) for key in stranded)
+                continue
+            lease = self._new_lease(dataset_id, dataset_version)
+            if not lease.try_acquire()[0]:
+                where = self.location(dataset_id, dataset_version)
+                log.info("%s is being written (its build lease is held); left alone", where)
+                continue
+            try:
+                for key in self._stranded(dataset_id, dataset_version, stranded):  # published meanwhile?
+                    if self.objects.delete(key):
+                        removed.append(self.objects.url(key))
+            finally:
+                lease.release()
+        return removed
+
+    def _stranded(self, dataset_id: str, dataset_version: str, keys: builtins.list[str]) -> builtins.list[str]:
+        """Those of the part objects ``keys`` of one cache that its published manifest does not name."""
+        published = self.remote_manifest(dataset_id, dataset_version)
+        named = {self.part_key(published, part) for part in published.parts} if published is not None else set()
+        return [key for key in keys if key not in named]
+
     def _published(self, dataset_id: str, dataset_version: str) -> tuple[Optional[str], Optional[Manifest]]:
         """The published manifest's version token (None: unpublished) and the manifest itself
         (None where it cannot be read: a corrupt one can still be replaced)."""
