@@ -142,3 +142,20 @@ def test_an_import_to_s3_reports_its_upload_piped(s3_server: Any, tmp_path: Path
     uploading = [line for line in result.stderr.splitlines() if "uploading shards:v1" in line]
     assert uploading, result.stderr
     assert any("MiB of" in line for line in uploading), uploading
+
+
+def test_a_failed_build_ends_its_progress(tmp_path: Path) -> None:
+    """Nothing repeats the line of a build that failed (the heartbeat would, for ever: the build
+    freezes the heap its progress is part of)."""
+    from yogacache import progress as progress_module
+    from yogacache.store.local import CacheStore
+
+    def records() -> Any:
+        for i in range(300):
+            yield {"x": i}
+        raise RuntimeError("the source failed")
+
+    with pytest.raises(RuntimeError, match="the source failed"):
+        CacheStore(tmp_path / "caches", show_progress=True).build("failing", "v1", records())
+    assert not [p.label for p in progress_module._ACTIVE if "failing" in p.label]
+    assert not CacheStore(tmp_path / "caches").exists("failing", "v1")

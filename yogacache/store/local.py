@@ -203,6 +203,14 @@ class CacheStore:
             enabled=self.show_progress,
             total=source.cardinality,
         )
+        try:
+            return self._write(target, dataset_id, dataset_version, source, progress)
+        finally:
+            progress.close()  # also when the build failed: nothing repeats its line
+
+    def _write(
+        self, target: Path, dataset_id: str, dataset_version: str, source: RecordSource, progress: Progress
+    ) -> Manifest:
         # A dataset of unknown length (one that may never end) is bounded by default.
         limits = self.limits if source.cardinality is not None else self.limits.for_unknown_length(self.root)
         sharded = sharded_build_of(source)
