@@ -192,7 +192,7 @@ class Progress:
         self._lock = threading.RLock()  # one update drawn at a time; close waits for it
         # What the heartbeat repeats: the latest line asked for (before any, "nothing yet").
         self._latest: tuple[Callable[..., str], dict[str, Any]] = (
-            lambda short=False: self._line(0, 0, short),
+            self._idle_line,
             {"completed": 0, "total": self.total},
         )
         if enabled:
@@ -239,6 +239,12 @@ class Progress:
             count = f"{records:,} of {self.total:,} records ({100 * records / self.total:.0f}%)"
         text = f"{count}, {format_bytes(size)} ({records / elapsed:,.0f} records/s, {format_bytes(size / elapsed)}/s"
         return text + (f", {eta_text})" if eta_text else ")")
+
+    def _idle_line(self, short: bool = False) -> str:
+        """Before anything was counted (a slow source filling its first batch)."""
+        elapsed = format_duration(self.clock() - self.start)
+        count = "0 records" if self.total is None else f"0 of {self.total:,} records"
+        return f"{count} so far, {elapsed} elapsed"
 
     def _finish_line(self, records: int, size: int, short: bool = False) -> str:
         elapsed = max(self.clock() - self.start, 1e-9)
