@@ -35,7 +35,8 @@ SIZES: dict[str, tuple[int, int, int]] = {
 }
 DATASET_VERSION = "v1"
 
-_PART = re.compile(r"part-[0-9-]+\.mdb")
+# part-NNNNN.mdb, part-SSSSS-NNN.mdb (build shards), part-SSSSS-NNN-<attempt>.mdb (Ray)
+PART_NAME = re.compile(r"part-[0-9a-f-]+\.mdb")
 
 
 def part_downloads(proxy: FaultProxy, since: int, kind: str) -> list[tuple[str, int]]:
@@ -47,7 +48,7 @@ def part_downloads(proxy: FaultProxy, since: int, kind: str) -> list[tuple[str, 
             continue
         if kind == "gcs" and "alt=media" not in entry.target:
             continue
-        match = _PART.search(entry.target)
+        match = PART_NAME.search(entry.target)
         if match:
             found.append((match.group(0), entry.size))
     return found
@@ -192,6 +193,7 @@ def build(world: World, request: pytest.FixtureRequest, store: str, made: str, s
     elif made == "ray":
         from yogacache.parallel.ray import build_with_ray
 
+        world.cloud("gcs", request)  # its proxy first: Ray's workers take STORAGE_EMULATOR_HOST at ray.init
         _ensure_ray(world)
         config = world.remote_config(
             store, prefix, proxied=False,
@@ -287,4 +289,4 @@ def node_store(world: World, built: Built, node: Path, delivery: str) -> Any:
                       show_progress=False)
 
 
-__all__ = ["Built", "Logged", "SIZES", "World", "build", "node_store", "part_downloads"]
+__all__ = ["PART_NAME", "Built", "Logged", "SIZES", "World", "build", "node_store", "part_downloads"]

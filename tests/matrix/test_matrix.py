@@ -39,7 +39,7 @@ from hypothesis import strategies as st
 
 from tests.matrix import records as src
 from tests.matrix.cells import AXES, CELLS, EXCLUDED, Cell, exclusion_reason, uncovered_pairs, valid
-from tests.matrix.conftest import Built, World, build, node_store, part_downloads
+from tests.matrix.conftest import PART_NAME, Built, World, build, node_store, part_downloads
 from tests.streaming_helpers import bytes_on_disk
 
 BATCH = 8
@@ -296,6 +296,8 @@ def test_cell(cell: Cell, world: World, request: pytest.FixtureRequest, tmp_path
 
     check_order(cell, order, n, shards, resumed_shards, before, epochs, start_offset)
     check_delivery(cell, order, built, nodes, proxy, resumed_shards)
+    if cell.delivery == "stream-half" and cell.consumer != "dataset" and (order.mode == "parts" or not order.shuffle):
+        check_one_reader_under_half(cell, order, world, built, tmp_path / "node-solo", consumer)
     if cell.made == "mirror":
         check_mirror_filled(world, built)
 
@@ -359,7 +361,7 @@ def check_delivery(cell: Cell, order: Order, built: Built, nodes: Sequence[Node]
             assert Path(reader.directory).resolve().is_relative_to(root), f"{where} read from {reader.directory}"
         return
     streamed = [".parts" in str(reader.directory) for reader in readers]
-    all_parts = sorted(_PART_NAME(part.name) for part in manifest.parts)
+    all_parts = sorted(_part_name(part.name) for part in manifest.parts)
     if cell.delivery == "sync":
         (node,) = nodes
         fetched_bytes = sum(size for _, size in node.fetched)
@@ -409,10 +411,44 @@ def check_delivery(cell: Cell, order: Order, built: Built, nodes: Sequence[Node]
         )
 
 
-def _PART_NAME(name: str) -> str:
-    import re
+def check_one_reader_under_half(
+    cell: Cell, order: Order, world: World, built: Built, node: Path, consumer: Any
+) -> None:
+    """One rank alone on a node whose budget is half the cache, two epochs from the start: every
+    record once per epoch (in YogaDL's order for ``none``), and at most the whole cache in
+    the first epoch and (cache - budget) in the second, plus a part at each epoch's end and what
+    is fetched ahead into the next epoch (a quarter of the budget): docs/streaming.md's promise
+    for a sequential epoch, and docs/shuffle.md's for ``parts``."""
+    where = f"[{cell.id}] one reader under half the cache"
+    proxy = world.proxies[cell.store]
+    since = len(proxy.log)
+    reader = node_store(world, built, node, "stream-half").open(built.dataset_id, "v1")
+    with PeakSampler(node / "yogadl_local_cache" / ".parts" / built.dataset_id / "v1") as sampler:
+        epochs = read_lockstep([consumer(reader, stream_kwargs(order, 0, 1))], EPOCHS)
+    reader.close()
+    n, total = built.num_records, built.manifest.total_size_bytes
+    for e, (got,) in enumerate(epochs):
+        if order.shuffle:
+            assert sorted(got) == list(range(n)), f"{where} epoch {e}: {_diff(sorted(got), n)}"
+        else:
+            assert got == list(range(n)), f"{where} epoch {e}: not the dataset order"
+    limit = total // 2
+    largest = max(part.size_bytes for part in built.manifest.parts)
+    fetched = part_downloads(proxy, since, cell.store)
+    fetched_bytes = sum(size for _, size in fetched)
+    bound = total + (total - limit) + 2 * largest + limit // 4
+    print(f"{where}: fetched {fetched_bytes} of {total} bytes ({len(fetched)} downloads of "
+          f"{len(built.manifest.parts)} parts), peak {sampler.peak}, budget {limit}, bound {bound}")
+    assert 0 < sampler.peak <= limit, f"{where}: the node held {sampler.peak} bytes of parts, budget {limit}"
+    assert fetched_bytes <= bound, (
+        f"{where}: two epochs fetched {fetched_bytes} bytes ({fetched_bytes / total:.2f} x the cache, "
+        f"{len(fetched)} downloads of {len(built.manifest.parts)} parts); promised at most the cache, then "
+        f"(cache - budget) and a part, and a quarter of the budget ahead: {bound}"
+    )
 
-    match = re.search(r"part-[0-9-]+\.mdb", name)
+
+def _part_name(name: str) -> str:
+    match = PART_NAME.search(name)
     assert match, name
     return match.group(0)
 
