@@ -159,3 +159,22 @@ def test_a_failed_build_ends_its_progress(tmp_path: Path) -> None:
         CacheStore(tmp_path / "caches", show_progress=True).build("failing", "v1", records())
     assert not [p.label for p in progress_module._ACTIVE if "failing" in p.label]
     assert not CacheStore(tmp_path / "caches").exists("failing", "v1")
+
+
+def test_a_progress_its_owner_dropped_is_freed_and_never_repeated() -> None:
+    """The heartbeat keeps nothing alive: a transfer or build that failed and was dropped (no
+    finish, no close) is freed at once, without waiting for the cycle collector."""
+    import gc
+
+    from yogacache import progress as progress_module
+
+    gc.disable()
+    try:
+        transfer = TransferProgress("uploading dropped:v1", 1 << 30, stream=io.StringIO())
+        transfer.add(1 << 20)
+        build = Progress("dropped:v2", stream=io.StringIO(), total=10)
+        build.update(3, 100)
+        del transfer, build
+        assert not [p.label for p in progress_module._ACTIVE if "dropped" in p.label]
+    finally:
+        gc.enable()

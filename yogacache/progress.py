@@ -15,6 +15,7 @@ whole and shortens the label instead.
 
 from __future__ import annotations
 
+import inspect
 import logging
 import os
 import socket
@@ -190,11 +191,11 @@ class Progress:
         self._said = False  # a log line was emitted
         self.muted = False  # set by mute_all(): nothing more is shown
         self._lock = threading.RLock()  # one update drawn at a time; close waits for it
-        # What the heartbeat repeats: the latest line asked for (before any, "nothing yet").
-        self._latest: tuple[Callable[..., str], dict[str, Any]] = (
-            self._idle_line,
-            {"completed": 0, "total": self.total},
-        )
+        # What the heartbeat repeats: the latest line asked for, held without a reference back
+        # to this object (a progress its owner dropped is freed, and repeated no more).
+        self._counts: Optional[tuple[int, int]] = None  # the latest update(): records, bytes
+        self._latest: Optional[Callable[[], Optional[Callable[..., str]]]] = None  # None: the build's line
+        self._latest_options: dict[str, Any] = {"completed": 0, "total": self.total}
         if enabled:
             _ACTIVE.add(self)
             if clock is time.monotonic:
@@ -213,9 +214,19 @@ class Progress:
         period = self.heartbeat_period
         if period <= 0 or self._closed or self.muted:
             return
-        if self.clock() - self._last >= period:
-            line, options = self._latest
-            self.emit(line, **options)
+        if self.clock() - self._last < period:
+            return
+        if self._latest is None:
+            counts = self._counts
+            line: Optional[Callable[..., str]] = self._idle_line
+            if counts is not None:
+                line = lambda short=False: self._line(counts[0], counts[1], short)  # noqa: E731
+        else:
+            line = self._latest()
+        if line is None:  # its owner is gone: nothing to repeat
+            self.close()
+            return
+        self.emit(line, _remember=False, **self._latest_options)
 
     # -- what is shown ----------------------------------------------------------------------
     def _rate_and_eta(self, done: float, total: Optional[float]) -> tuple[float, Optional[float]]:
@@ -263,6 +274,7 @@ class Progress:
         log_prefix: str = "",
         completed: Optional[float] = None,
         total: Optional[float] = None,
+        _remember: bool = True,
     ) -> None:
         """Shows ``line()`` (a live line on a terminal, a log line otherwise), at most once per
         interval; ``final`` ends the live line. On a terminal the line is ``line(short=True)``
@@ -271,8 +283,9 @@ class Progress:
         if not self.enabled or self._closed or self.muted:
             return
         with self._lock:
-            if not final:
-                self._latest = (line, {"log_prefix": log_prefix, "completed": completed, "total": total})
+            if not final and _remember:
+                self._latest = _weak_getter(line)
+                self._latest_options = {"log_prefix": log_prefix, "completed": completed, "total": total}
             now = self.clock()
             if not final and now - self._last < self.interval:
                 return
@@ -367,11 +380,15 @@ class Progress:
         _ACTIVE.discard(self)
 
     def update(self, records: int, size: int) -> None:
+        self._counts = (records, size)
+        self._latest = None  # the heartbeat repeats the build's line from _counts
+        self._latest_options = {"log_prefix": "building ", "completed": records, "total": self.total}
         self.emit(
             lambda short=False: self._line(records, size, short),
             log_prefix="building ",
             completed=records,
             total=self.total,
+            _remember=False,
         )
 
     def finish(self, records: int, size: int) -> None:
@@ -397,7 +414,7 @@ class TransferProgress:
         self.done = 0
         self._lock = threading.Lock()
         self._progress = Progress(label, enabled=enabled, stream=stream)
-        self._progress._latest = (self._line, {"completed": 0, "total": total})  # what a heartbeat repeats
+        self._progress._latest = _weak_getter(self._line)  # what a heartbeat repeats before any byte
 
     def _line(self, short: bool = False) -> str:
         rate, eta = self._progress._rate_and_eta(self.done, self.total)
@@ -437,6 +454,15 @@ class TransferProgress:
         """Ends the live line without a final report (the transfer failed or was cancelled)."""
         with self._lock:
             self._progress.close()
+
+
+def _weak_getter(line: Callable[..., str]) -> Callable[[], Optional[Callable[..., str]]]:
+    """What the heartbeat keeps of ``line``: a bound method weakly (it must not keep its object,
+    which holds the progress, alive), any other callable as it is."""
+    if inspect.ismethod(line):
+        method = weakref.WeakMethod(line)
+        return method
+    return lambda: line
 
 
 def _is_terminal(stream: Any) -> bool:
