@@ -193,6 +193,7 @@ class Progress:
         self._lock = threading.RLock()  # one update drawn at a time; close waits for it
         # What the heartbeat repeats: the latest line asked for, held without a reference back
         # to this object (a progress its owner dropped is freed, and repeated no more).
+        self._pid = os.getpid()
         self._counts: Optional[tuple[int, int]] = None  # the latest update(): records, bytes
         self._latest: Optional[Callable[[], Optional[Callable[..., str]]]] = None  # None: the build's line
         self._latest_options: dict[str, Any] = {"completed": 0, "total": self.total}
@@ -212,8 +213,8 @@ class Progress:
         """Repeats the latest line (elapsed time, rate and ETA brought up to date) when nothing
         was shown for a heartbeat period; the heartbeat thread calls this."""
         period = self.heartbeat_period
-        if period <= 0 or self._closed or self.muted:
-            return
+        if period <= 0 or self._closed or self.muted or self._pid != os.getpid():
+            return  # a forked child never repeats its parent's lines
         if self.clock() - self._last < period:
             return
         if self._latest is None:
