@@ -21,6 +21,7 @@ from tests.servers import S3Server
 from tests.test_cli_signals import start_cli, wait_until
 from tests.test_parallel_objects import write_tars
 from yogacache.backends.s3 import S3ObjectStore
+from yogacache.format.durability import leftovers_of
 from yogacache.store.remote import LOCAL_CACHE_DIR, RemoteCacheStore
 
 STOP_GUARD = 20.0
@@ -81,6 +82,7 @@ def test_ctrl_c_in_the_upload_of_an_import_strands_nothing_that_cannot_be_remove
     assert any("-part-" in key for key in stranded) and not any(key.endswith("manifest.json") for key in stranded)
     # Nothing was cached: no local copy either (ls shows nothing).
     assert not (local / LOCAL_CACHE_DIR / DS / VER).exists()
+    assert leftovers_of(local / LOCAL_CACHE_DIR / DS / VER) == []  # no temporary either
     code, out, err = _cli("ls", *storage, "--local-cache", str(local))
     assert code == 0 and DS not in out, out + err
 

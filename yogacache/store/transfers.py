@@ -21,7 +21,7 @@ from yogacache.backends.base import ProgressCallback, TransferCancelled, stop_re
 T = TypeVar("T")
 R = TypeVar("R")
 
-CANCEL_GRACE_SECONDS = 1.0  # how long a stopped batch waits for its running transfers
+CANCEL_GRACE_SECONDS = 0.5  # how long a stopped batch waits for its running transfers
 _POLL_SECONDS = 0.1  # the waiting thread wakes this often, so that Ctrl-C reaches it promptly
 
 
