@@ -174,7 +174,9 @@ def test_a_tight_budget_narrows_the_window_says_so_once_and_every_epoch_ends(
     options = ReadOptions(shuffle=True, shuffle_seed=5, reshuffle_each_epoch=True, shuffle_mode="parts")
     with caplog.at_level(logging.WARNING, logger="yogacache"):
         fetched = _read_epochs(objects, tmp_path / "node", limit, options, 3, 72, downloads)
-    assert all(count <= parts + 1 for count in fetched), fetched
+    budget_parts = limit // max(part.size_bytes for part in manifest.parts)
+    assert budget_parts == 2
+    assert fetched[0] <= parts + 1 and all(count <= parts - budget_parts + 1 for count in fetched[1:]), fetched
     said = [r.getMessage() for r in caplog.records if "reads with parts_window=1, not 4" in r.getMessage()]
     assert len(said) == 1 and "raise local_cache_limit" in said[0].lower(), said
     assert not [r for r in caplog.records if "fetched" in r.getMessage() and "in an epoch" in r.getMessage()]
