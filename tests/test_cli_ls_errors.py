@@ -69,3 +69,12 @@ def test_ls_of_a_storage_it_cannot_list_fails_with_the_reason(
         assert "Traceback" not in result.stderr
     # Nothing was lost: the local copy is still there.
     assert CacheStore(local_cache / LOCAL_CACHE_DIR).exists("unrelated", "v1")
+
+
+def test_ls_of_a_gcs_bucket_that_does_not_exist_fails_with_the_reason(gcs_server: Any, local_cache: Path) -> None:
+    storage = ["--storage", "gs://no-such-bucket-here/caches", "--local-cache", str(local_cache)]
+    for command in (["ls"], ["ls", "--json"]):
+        result = run_cli(*command, *storage, env=python_env())
+        assert result.returncode == 1, (result.stdout, result.stderr)
+        assert re.search("does not exist|NotFound|404", result.stderr), result.stderr
+        assert "unrelated" not in result.stdout
