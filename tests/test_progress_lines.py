@@ -178,3 +178,25 @@ def test_a_progress_its_owner_dropped_is_freed_and_never_repeated() -> None:
         assert not [p.label for p in progress_module._ACTIVE if "dropped" in p.label]
     finally:
         gc.enable()
+
+
+def test_one_live_line_at_a_time_the_newest_in_front(eighty_columns: None) -> None:
+    """An import's line and the upload after it do not overwrite each other on one row: the
+    upload's line replaces the import's (which ends, and is not repeated while it is behind)."""
+    terminal = _Terminal()
+    clock = Clock()
+    build = Progress("shards:v1", stream=terminal, interval=0.0, total=100, clock=clock)
+    build.update(50, 1 << 20)
+    build.update(100, 2 << 20)
+    upload = TransferProgress("uploading shards:v1", 1 << 30, stream=terminal)
+    upload._progress.interval = 0.0
+    upload.add(256 << 20)
+    clock.now += 5.0
+    build.beat()  # behind the upload: not drawn again
+    upload.add(512 << 20)
+    upload.finish()
+    build.close()
+    lines = drawn_lines(terminal)
+    first_upload = next(i for i, line in enumerate(lines) if line.startswith("uploading"))
+    assert first_upload > 0 and all(line.startswith("uploading") for line in lines[first_upload:]), lines
+    assert ANSI.sub("", terminal.getvalue()).count("\n") == 2  # the build's line ended, then the upload's

@@ -28,6 +28,10 @@ from typing import Any, Callable, Optional, TextIO
 log = logging.getLogger("yogacache.progress")
 
 _ACTIVE: weakref.WeakSet[Progress] = weakref.WeakSet()  # every progress shown, for mute_all/close_all
+# One live line at a time: the progress its owner updated last is in front; the one whose line
+# it replaced waits (its heartbeat too) until it is updated again. Drawing takes one lock.
+_DRAW_LOCK = threading.RLock()
+_foremost: Optional[weakref.ref[Progress]] = None
 INTERVAL_ENV = "YOGACACHE_PROGRESS_INTERVAL"
 LOG_INTERVAL = 10.0  # seconds between log lines off a terminal (README: "a line every 10 s")
 LIVE_INTERVAL = 0.2  # seconds between redraws of a live line
@@ -190,7 +194,7 @@ class Progress:
         self._closed = False
         self._said = False  # a log line was emitted
         self.muted = False  # set by mute_all(): nothing more is shown
-        self._lock = threading.RLock()  # one update drawn at a time; close waits for it
+        self._lock = _DRAW_LOCK  # one update drawn at a time; close waits for it
         # What the heartbeat repeats: the latest line asked for, held without a reference back
         # to this object (a progress its owner dropped is freed, and repeated no more).
         self._pid = os.getpid()
@@ -227,7 +231,10 @@ class Progress:
         if line is None:  # its owner is gone: nothing to repeat
             self.close()
             return
-        self.emit(line, _remember=False, **self._latest_options)
+        front = _foremost() if _foremost is not None else None
+        if front is not None and front is not self and front.enabled and not front._closed:
+            return  # another progress is in front: its line is the one repeated
+        self.emit(line, _remember=False, _heartbeat=True, **self._latest_options)
 
     # -- what is shown ----------------------------------------------------------------------
     def _rate_and_eta(self, done: float, total: Optional[float]) -> tuple[float, Optional[float]]:
@@ -276,6 +283,7 @@ class Progress:
         completed: Optional[float] = None,
         total: Optional[float] = None,
         _remember: bool = True,
+        _heartbeat: bool = False,
     ) -> None:
         """Shows ``line()`` (a live line on a terminal, a log line otherwise), at most once per
         interval; ``final`` ends the live line. On a terminal the line is ``line(short=True)``
@@ -284,6 +292,8 @@ class Progress:
         if not self.enabled or self._closed or self.muted:
             return
         with self._lock:
+            if not _heartbeat:
+                self._to_front()
             if not final and _remember:
                 self._latest = _weak_getter(line)
                 self._latest_options = {"log_prefix": log_prefix, "completed": completed, "total": total}
@@ -316,6 +326,20 @@ class Progress:
                 say(f"{log_prefix}{self.label}: {text}")
                 if final:
                     self._close_locked()  # the heartbeat repeats nothing after the last line
+
+    def _to_front(self) -> None:
+        """Puts this progress in front; on a terminal another one's live line ends (its owner
+        went on to something else, such as the upload after a build)."""
+        global _foremost
+        front = _foremost() if _foremost is not None else None
+        if front is self:
+            return
+        _foremost = weakref.ref(self)
+        if self.tty:
+            for other in list(_ACTIVE):
+                if other is not self and other._live is not None and other.stream is self.stream:
+                    live, other._live, other._task = other._live, None, None
+                    live.stop()  # its last line stays, ended
 
     def _numbers(self, completed: Optional[float], total: Optional[float], final: bool) -> str:
         """``42% ETA 1 min 05 s`` from ``completed`` of ``total`` (empty when unknown or final)."""
