@@ -174,3 +174,42 @@ def test_gc_removes_the_parts_an_interrupted_import_stranded(s3_server: S3Server
     reader: Any = keeper.open("kept", "v1")
     assert len(reader) == 50 and reader.manifest.freshness == kept.freshness
     reader.close()
+
+
+def test_get_or_build_publishes_a_local_build_whose_publish_failed_instead_of_building_again(
+    s3_server: S3Server, tmp_path: Path
+) -> None:
+    """The first publish fails (the bucket refuses the part uploads): the local build stays, marked
+    unpublished, and is not the remote's cache; the next get_or_build publishes that build (it
+    does not build again), and another node reads it."""
+    bucket = s3_server.new_bucket()
+    calls = []
+
+    def make() -> Any:
+        calls.append(1)
+        return [{"i": i} for i in range(40)]
+
+    with FaultProxy(s3_server.endpoint_url) as proxy:
+        proxy.add_rule(action="status", method="PUT", path_contains="-part-", status=403)
+        failing = RemoteCacheStore(
+            S3ObjectStore(bucket, "caches", endpoint_url=proxy.url), tmp_path / "node", show_progress=False
+        )
+        with pytest.raises(Exception, match="upload to"):
+            failing.get_or_build(DS, VER, make)
+    node = RemoteCacheStore(
+        S3ObjectStore(bucket, "caches", endpoint_url=s3_server.endpoint_url), tmp_path / "node", show_progress=False
+    )
+    with pytest.raises(Exception, match="never published"):
+        node.manifest(DS, VER)  # the local build is not the remote's cache
+    reader: Any = node.get_or_build(DS, VER, make)
+    assert len(calls) == 1  # published, not built again
+    built = reader.manifest
+    reader.close()
+    other = RemoteCacheStore(
+        S3ObjectStore(bucket, "caches", endpoint_url=s3_server.endpoint_url), tmp_path / "other", show_progress=False
+    )
+    published = other.remote_manifest(DS, VER)
+    assert published is not None and published.freshness == built.freshness
+    reader = other.open(DS, VER)
+    assert [int(element["i"]) for element in reader.read_elements(range(len(reader)))] == list(range(40))
+    reader.close()

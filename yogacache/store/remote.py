@@ -11,7 +11,12 @@ every user may write to, such as ``/tmp``: see ``store.localroot``).
   the local copy (one small request). Different: download into a temporary sibling, verify
   every part's content hash, swap atomically; readers of the old copy keep reading it.
 - Coordination: a node-local file lock lets one process per node build or download; a build
-  lease in the bucket lets one node build while the others wait for its manifest.
+  lease in the bucket lets one node build while the others wait for its manifest. Every writer of
+  a cache's objects holds that lease: a build's or a push's publish, a copy to it, gc.
+- A publish that fails or is interrupted leaves a local build that says it was never published
+  (``origin.json``): it is not the remote's cache. ``get_or_build`` and ``push`` publish it, an
+  import builds and publishes again; Ctrl-C removes it (nothing was cached). The parts it
+  uploaded are removed by the next publish of the cache, by ``rm --remote`` and by ``gc``.
 """
 
 from __future__ import annotations
@@ -500,7 +505,7 @@ class RemoteCacheStore:
                 try:
                     if self.remote_manifest(dataset_id, dataset_version) is not None:
                         continue  # published between our check and the lease
-                    manifest = self.local.build_locked(
+                    manifest = self._unpublished_build(dataset_id, dataset_version) or self.local.build_locked(
                         dataset_id, dataset_version, source_for(make_data())
                     )
                     if self._publish_new_build(manifest, self.publish_locked):
@@ -682,6 +687,21 @@ class RemoteCacheStore:
 
             self._publish_new_build(manifest, publish)
             return manifest
+
+    def _unpublished_build(self, dataset_id: str, dataset_version: str) -> Optional[Manifest]:
+        """The local copy built for this remote whose publish failed or was cut short (it says
+        so: ``is_unpublished``), once it verifies; None when there is none. ``get_or_build``
+        publishes it rather than building the same id and version again."""
+        directory = self.local.cache_dir(dataset_id, dataset_version)
+        if not is_unpublished(directory) or read_origin(directory) != self.remote_url:
+            return None
+        try:
+            manifest = self.local.verify(dataset_id, dataset_version)
+        except (CacheNotFoundError, CorruptCacheError, IncompatibleCacheError) as error:
+            log.warning("the unpublished local build %s cannot be published (%s); building again", directory, error)
+            return None
+        log.info("publishing the local build %s, whose publish did not finish", directory)
+        return manifest
 
     def _holding_lease(self, manifest: Manifest) -> Any:
         """The cache's build lease, held while this process writes the cache's objects."""
