@@ -12,6 +12,7 @@ change. Every epoch's records are checked: each record once, with its own values
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 from pathlib import Path
@@ -238,3 +239,38 @@ def test_a_part_read_again_keeps_the_reader_in_its_epoch(tmp_path: Path) -> None
         assert [live.rank(name(part)) for part in (3, 1, 0, 2)] == [0, 1, 2, 3]
     finally:
         reader.close()
+
+
+def test_a_torch_state_taken_under_a_narrowed_window_resumes_in_torch(
+    cloud: Cloud, tmp_path: Path, downloads: Downloads
+) -> None:
+    """The torch dataset fits its window to the budget as the stream does: a state it took
+    under the narrowed window resumes in a new torch dataset (it was refused as 'the window
+    differs'), and the two halves read every record of the epoch once."""
+    from yogacache.torch import CacheIterableDataset
+
+    objects, manifest = _publish(cloud, tmp_path, records=72)
+    limit = manifest.total_size_bytes * 600 // 782
+    options = ReadOptions(shuffle=True, shuffle_seed=5, reshuffle_each_epoch=True, shuffle_mode="parts")
+
+    def dataset(node: str, resume: Any = None) -> Any:
+        store = RemoteCacheStore(objects, tmp_path / node, show_progress=False, streaming=True,
+                                 local_cache_limit=limit)
+        reader = store.open("parts-budget", "v1")
+        return CacheIterableDataset.from_options(
+            reader, options if resume is None else dataclasses.replace(options, resume_state=resume),
+            output="numpy",
+        )
+
+    first = dataset("node-a")
+    head = []
+    for _, label in first:
+        head.append(int(label))
+        if len(head) == 30:
+            break
+    state = first.state_dict()
+    first.reader.close()
+    second = dataset("node-b", state)
+    tail = [int(label) for _, label in second]
+    second.reader.close()
+    assert sorted(head + tail) == list(range(72))

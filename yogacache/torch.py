@@ -255,7 +255,9 @@ class CacheIterableDataset(IterableDataset):  # type: ignore[type-arg]
         output: str,
     ) -> None:
         self.reader = reader
-        self.schedule = ReadSchedule(len(reader), options, PartLayout.from_manifest(reader.manifest))
+        self.schedule = ReadSchedule(
+            len(reader), options, PartLayout.from_manifest(reader.manifest), budget_bytes=reader.streaming_budget
+        )
         if batch_size is not None:
             batch_size = operator.index(batch_size)
             if batch_size < 1:
