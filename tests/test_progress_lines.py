@@ -9,6 +9,7 @@ import io
 import logging
 import os
 import re
+import select
 import subprocess
 import sys
 import tarfile
@@ -200,3 +201,41 @@ def test_one_live_line_at_a_time_the_newest_in_front(eighty_columns: None) -> No
     first_upload = next(i for i, line in enumerate(lines) if line.startswith("uploading"))
     assert first_upload > 0 and all(line.startswith("uploading") for line in lines[first_upload:]), lines
     assert ANSI.sub("", terminal.getvalue()).count("\n") == 2  # the build's line ended, then the upload's
+
+
+SILENT_SOURCE = """
+import sys, time
+from pathlib import Path
+from yogacache.store.local import CacheStore
+
+go = Path(sys.argv[2])
+
+def records():
+    while not go.exists():  # a source that has produced nothing yet
+        time.sleep(0.02)
+    yield from ({"x": i} for i in range(10))
+
+CacheStore(sys.argv[1]).build("silent", "v1", records())
+"""
+
+
+def test_a_piped_build_that_counts_nothing_still_prints_a_line_every_interval(tmp_path: Path) -> None:
+    go = tmp_path / "go"
+    process = subprocess.Popen(
+        [sys.executable, "-c", SILENT_SOURCE, str(tmp_path / "caches"), str(go)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**python_env(), "YOGACACHE_PROGRESS_INTERVAL": "0.2"},
+    )
+    assert process.stderr is not None
+    heard: list[str] = []
+    try:
+        while len(heard) < 3:  # before the source yields anything; no line in 60 s: none comes
+            ready, _, _ = select.select([process.stderr], [], [], 60)
+            assert ready, f"no progress line while the source produced nothing; heard {heard}"
+            heard.append(process.stderr.readline())
+    finally:
+        go.touch()
+    rest = process.communicate(timeout=120)[1]
+    assert process.returncode == 0, rest
+    assert all(line.startswith("yogacache: silent:v1: 0 records so far") for line in heard), heard
+    assert "built silent:v1: 10 records" in rest
