@@ -155,7 +155,7 @@ def _start_heartbeat() -> None:
 def _heartbeat() -> None:
     while True:
         active = list(_ACTIVE)
-        shortest = min((p.heartbeat_period for p in active if p.heartbeat_period > 0), default=1.0)
+        shortest = min((p.heartbeat_period for p in active if p.heartbeat_period > 0), default=4.0)
         time.sleep(min(1.0, max(0.05, shortest / 4)))
         for progress in active:
             try:
