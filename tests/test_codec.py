@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from yogacache.errors import CorruptCacheError, UnsupportedDatasetError
-from yogacache.format.codec import RecordCodec
+from yogacache.format.codec import LARGE_LEAF_BYTES, RecordCodec
 from yogacache.format.layout import FixedLayout
 from yogacache.format.spec import TensorSpec, flatten, infer_spec, spec_from_json, spec_to_json, unflatten
 
@@ -618,3 +618,26 @@ def test_decoded_columns_are_64_byte_aligned_and_exact(size: int) -> None:
         assert column.ctypes.data % 64 == 0
     assert np.array_equal(columns[0], np.stack([row[0] for row in rows]))
     assert columns[1].tolist() == [float(i) for i in range(33)]
+
+
+@pytest.mark.parametrize("size", [LARGE_LEAF_BYTES - 1, LARGE_LEAF_BYTES, 70_000 + LARGE_LEAF_BYTES, 3 << 20])
+def test_records_with_large_leaves_are_msgpacks_own_bytes(size: int) -> None:
+    """Large leaves are framed by hand (one copy) and the record is what msgpack's packer
+    writes, byte for byte: caches stay identical, whatever the path."""
+
+    element = {
+        "bin": bytes(range(256)) * (size // 256) + b"x" * (size % 256),
+        "small": b"s",
+        "array": np.arange(size // 4, dtype=np.int32),
+        "strings": np.array([b"a" * size, b"b"], dtype=object),
+    }
+    spec = infer_spec(element)
+    codec = RecordCodec(spec)
+    leaves = flatten(element, spec)
+    expected = msgpack.Packer(use_bin_type=True).pack([codec._encode_leaf(i, v) for i, v in enumerate(leaves)])
+    record = codec.encode(leaves)
+    assert record == expected
+    decoded = unflatten(codec.decode(record), spec)
+    assert decoded["bin"] == element["bin"] and decoded["small"] == b"s"
+    np.testing.assert_array_equal(decoded["array"], element["array"])
+    assert list(decoded["strings"]) == [b"a" * size, b"b"]

@@ -74,3 +74,30 @@ def test_a_large_member_is_held_about_once(tmp_path: Path, extension: str) -> No
     assert digests == expected  # every member, whole and in order
     ratio = peak / MEMBER
     assert ratio <= 1.5, f"reading {MEMBER >> 20} MiB members peaked at {peak >> 20} MiB ({ratio:.2f}x a member)"
+
+
+@pytest.mark.slow
+def test_a_build_of_large_members_holds_each_about_twice(tmp_path: Path) -> None:
+    """The whole build (read, encode, store): a member is in memory as itself and as its
+    record, not more (the encoder's doubling buffer and the writer's queue of three batches held
+    it six times). The cache holds every member, whole."""
+    from yogacache.store.local import CacheStore
+
+    path = tmp_path / "big.tar"
+    expected = write_big_tar(path, compress=False)
+    source = from_url(str(path), max_bytes=1 << 40)
+    gc.collect()
+    tracemalloc.start()
+    try:
+        tracemalloc.reset_peak()
+        CacheStore(tmp_path / "caches", show_progress=False).build("big", "v1", source)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    ratio = peak / MEMBER
+    assert ratio <= 2.5, f"building {MEMBER >> 20} MiB members peaked at {peak >> 20} MiB ({ratio:.2f}x a member)"
+    reader = CacheStore(tmp_path / "caches").open("big", "v1")
+    try:
+        assert [hashlib.sha256(reader[i]["bin"]).hexdigest() for i in range(len(reader))] == expected
+    finally:
+        reader.close()

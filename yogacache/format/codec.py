@@ -31,6 +31,29 @@ from yogacache.format.spec import (
 # The codec that wrote a cache's records, as recorded in its manifest.
 CODEC_NAME = "msgpack-leaves-v1"
 
+# Leaves of at least this many raw bytes are framed by hand and joined in one exact copy
+# (``RecordCodec._pack_large``): msgpack's packer grows its buffer by doubling and copies it
+# out, which held a large member three times over while its record was encoded.
+LARGE_LEAF_BYTES = 1 << 20
+
+
+def _large(data: Any) -> bool:
+    """Whether a leaf's data (bytes, or a string leaf's list of bytes) holds a large value."""
+    if isinstance(data, list):
+        return any(len(value) >= LARGE_LEAF_BYTES for value in data)
+    return len(data) >= LARGE_LEAF_BYTES
+
+
+def _bin_header(size: int) -> bytes:
+    """msgpack's header of a ``bin`` value of ``size`` bytes (the smallest form, as the packer writes)."""
+    if size < 1 << 8:
+        return bytes((0xC4, size))
+    if size < 1 << 16:
+        return b"\xc5" + size.to_bytes(2, "big")
+    if size < 1 << 32:
+        return b"\xc6" + size.to_bytes(4, "big")
+    raise UnsupportedDatasetError(f"a value of {size} bytes is over msgpack's limit of 4 GiB")
+
 
 class RecordCodec:
     """Encodes flat leaf lists to msgpack records and decodes them, checked against a spec."""
@@ -61,7 +84,26 @@ class RecordCodec:
                 f"element has {len(leaves)} leaves, the spec has {len(self.leaves)}"
             )
         payload = [self._encode_leaf(i, value) for i, value in enumerate(leaves)]
+        if any(_large(entry[2]) for entry in payload):
+            return self._pack_large(payload)
         return self._packer.pack(payload)
+
+    def _pack_large(self, payload: list[list[Any]]) -> bytes:
+        """``payload`` packed as msgpack's packer packs it, byte for byte, with each large
+        bytes value framed by its header and copied once, into the joined record."""
+        pack = self._packer.pack
+        pieces: list[bytes] = [self._packer.pack_array_header(len(payload))]
+        for dtype, shape, data in payload:
+            pieces += [self._packer.pack_array_header(3), pack(dtype), pack(shape)]
+            values = data if isinstance(data, list) else None
+            if values is not None:
+                pieces.append(self._packer.pack_array_header(len(values)))
+            for value in values if values is not None else [data]:
+                if len(value) >= LARGE_LEAF_BYTES:
+                    pieces += [_bin_header(len(value)), value]
+                else:
+                    pieces.append(pack(value))
+        return b"".join(pieces)
 
     def _encode_leaf(self, index: int, value: Any) -> list[Any]:
         leaf = self.leaves[index]

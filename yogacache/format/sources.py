@@ -85,9 +85,8 @@ class PythonSource:
         spec = infer_spec(first)
         codec = RecordCodec(_open_spec(spec))
         fixed = RecordCodec(spec) if FixedLayout.applies(spec_leaves(spec)) else None
-        batch_size = max(1, min(PYTHON_BATCH, PYTHON_BATCH_BYTES // max(1, element_bytes(first))))
         start = 0  # the index of the batch's first element
-        for batch in _chunks(itertools.chain([first], iterator), batch_size):
+        for batch in _chunks(itertools.chain([first], iterator), PYTHON_BATCH, PYTHON_BATCH_BYTES):
             if fixed is not None:  # spec only changes once fixed is dropped
                 encoded = _encode_stacked(fixed, spec, batch)
                 if encoded is not None:
@@ -122,18 +121,30 @@ def _encode_stacked(codec: RecordCodec, spec: Spec, batch: list[Any]) -> Optiona
 
 
 def element_bytes(element: Any) -> int:
-    """About how many bytes ``element`` holds (arrays by size, anything else counts 64)."""
+    """About how many bytes ``element`` holds (arrays by size, bytes and strings by length,
+    anything else counts 64)."""
     if isinstance(element, dict):
         return sum(element_bytes(value) for value in element.values())
     if isinstance(element, (tuple, list)):
         return sum(element_bytes(value) for value in element)
+    if isinstance(element, (bytes, bytearray, str)):
+        return len(element)
     nbytes = getattr(element, "nbytes", None)
     return int(nbytes) if isinstance(nbytes, int) else 64
 
 
-def _chunks(iterable: Iterable[Any], size: int) -> Iterator[list[Any]]:
-    iterator = iter(iterable)
-    while batch := list(itertools.islice(iterator, size)):
+def _chunks(iterable: Iterable[Any], size: int, max_bytes: int) -> Iterator[list[Any]]:
+    """Batches of at most ``size`` elements, each ended once it holds ``max_bytes`` or more (a
+    large element comes in a batch of its own: the batch, and its records, are in memory at once)."""
+    batch: list[Any] = []
+    held = 0
+    for element in iterable:
+        batch.append(element)
+        held += element_bytes(element)
+        if len(batch) >= size or held >= max_bytes:
+            yield batch
+            batch, held = [], 0
+    if batch:
         yield batch
 
 

@@ -55,6 +55,11 @@ _TXN_RECORDS = 8192
 # prefetch threads still overlapping); large records spend their time in copies that run
 # without the lock, and there the writer thread overlaps them with the producer.
 _INLINE_RECORD_BYTES = 16 << 10
+# Bytes handed to the writer thread and not yet committed (queued or being written). A batch
+# this large is committed on the caller's thread once the writer thread is idle: the source
+# then reads its next record only after this one is stored, so a member of hundreds of MiB is
+# in memory about twice (the record and its encoding), not four times (three batches behind).
+_IN_FLIGHT_BYTES = 2 * _TXN_BYTES
 _WRITEBACK_EVERY_BYTES = 64 << 20
 _INITIAL_MAP_SIZE = 1 << 30
 # Parts are LMDB 0.9 files (data format v1), which every py-lmdb and YogaDL opens. py-lmdb 3
@@ -141,6 +146,8 @@ class CacheWriter:
         self._written = 0  # records committed by the writer thread
         self._queue: queue.Queue[Optional[tuple[list[tuple[bytes, bytes]], int]]] = queue.Queue(maxsize=2)
         self._thread: Optional[threading.Thread] = None
+        self._in_flight = 0  # bytes handed to the writer thread, not yet committed
+        self._landed = threading.Condition()
         self._inline: Optional[bool] = None  # decided by the first transaction's record sizes
         self._heap = contextlib.ExitStack()
         self._writeback: Optional[Future[bool]] = None
@@ -171,6 +178,14 @@ class CacheWriter:
             self._heap.close()
 
     # -- appending ------------------------------------------------------------------------
+    def add_batches(self, batches: Iterable[list[bytes]]) -> None:
+        """Appends every batch of encoded records (``RecordSource.encoded_batches``), letting
+        each go before the next is made: a source of large records (archive members of
+        hundreds of MiB) then holds one batch at a time, not the last one beside the next."""
+        for batch in batches:
+            self.add_encoded(batch)
+            del batch
+
     def add_encoded(self, values: Iterable[bytes]) -> None:
         """Appends already-encoded records in order (the limits are checked per batch)."""
         if self._closed:
@@ -251,7 +266,14 @@ class CacheWriter:
         self._pending_bytes = 0
         if self._inline is None:
             self._inline = size < _INLINE_RECORD_BYTES * len(pending)
-        if self._inline:
+        with self._landed:  # wait for room in the bytes handed to the writer thread
+            large = size >= _IN_FLIGHT_BYTES
+            while self._in_flight and (large or self._in_flight + size > _IN_FLIGHT_BYTES):
+                self._landed.wait()
+            self._raise_thread_error()
+            if not (self._inline or large):
+                self._in_flight += size
+        if self._inline or large:
             try:
                 self._write_batch(pending, size)
             except Exception as error:  # reported as the writer thread's errors are
@@ -269,14 +291,17 @@ class CacheWriter:
         """Runs in the writer thread: commits batches so that encoding and I/O overlap."""
         while True:
             item = self._queue.get()
-            if item is None or self._error is not None:
-                if item is None:
-                    return
-                continue  # drain after an error so the producer never blocks
+            if item is None:
+                return
             try:
-                self._write_batch(*item)
+                if self._error is None:  # after an error, drain so the producer never blocks
+                    self._write_batch(*item)
             except BaseException as error:  # handed to the producer thread
                 self._error = error
+            finally:
+                with self._landed:
+                    self._in_flight -= item[1]
+                    self._landed.notify_all()
 
     def _write_batch(self, pending: list[tuple[bytes, bytes]], size: int) -> None:
         if self._env is None:

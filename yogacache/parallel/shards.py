@@ -286,8 +286,7 @@ def write_shard(
         keep_freed_memory()  # batch buffers are reused, as in a one-process build
         try:
             source = source_for(shard.make())
-            for batch in source.encoded_batches():
-                writer.add_encoded(batch)
+            writer.add_batches(source.encoded_batches())
         except BuildError:
             raise
         except Exception as error:

@@ -233,8 +233,7 @@ class CacheStore:
             progress=progress,
         ) as writer:
             keep_freed_memory()  # batch buffers are reused instead of page-faulted in each time
-            for batch in source.encoded_batches():
-                writer.add_encoded(batch)
+            writer.add_batches(source.encoded_batches())
             manifest = writer.seal(source.spec(), source=source.kind, extra=manifest_extra(source))
         log.info(
             "cached %s:%s: %d records, %d bytes in %s",

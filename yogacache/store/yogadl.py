@@ -195,8 +195,7 @@ def _convert(local: Any, dataset_id: str, dataset_version: str, path: Path, stat
         target, dataset_id, dataset_version, limits=local.limits, part_size_bytes=local.part_size_bytes,
         progress=progress,
     ) as writer:
-        for batch in source.encoded_batches():
-            writer.add_encoded(batch)
+        writer.add_batches(source.encoded_batches())
         if not source.unchanged():
             raise CorruptCacheError(f"{path} changed while it was converted; nothing was cached, try again")
         # The new cache replaces the directory that holds the cache.mdb: it goes along.
