@@ -99,6 +99,9 @@ class StreamConsumer:
         from yogacache.dataref import CacheDataRef
 
         self.stream = CacheDataRef(reader).stream(**kwargs)
+        rank, shards = kwargs["shard_rank"], kwargs["num_shards"]
+        shard = math.ceil((len(reader) - rank) / shards)
+        assert len(self.stream) == shard, f"rank {rank} of {shards}: len(stream) {len(self.stream)}, not {shard}"
 
     def epoch(self) -> Iterator[list[Any]]:
         return _chunks(iter(self.stream))
@@ -169,9 +172,13 @@ class TorchConsumer:
         self.first = False
         spawn: dict[str, Any] = {"multiprocessing_context": "spawn"} if self.workers else {}
         loader = CacheDataLoader(self.dataset, batch_size=BATCH, num_workers=self.workers, **spawn)
+        promised, handed = len(self.dataset), 0  # len(): what this iteration yields, from the resume point
         for batch in loader:
             size = len(batch["__key__"]) if "__key__" in batch else len(batch["i"])
+            handed += size
             yield [{name: value[j] for name, value in batch.items()} for j in range(size)]
+        epoch = self.dataset.epoch
+        assert handed == promised, f"epoch {epoch}: len() said {promised} records, the loader gave {handed}"
 
 
 CONSUMERS = {"stream": StreamConsumer, "dataset": DatasetConsumer, "tf": TFConsumer, "torch": TorchConsumer}
