@@ -8,6 +8,11 @@ duration on its own monotonic clock (the holder stopped renewing: it died). The 
 write conditional on that stale version, so exactly one node takes it over. A released lease
 says so in its body and is free at once. ``expires_at`` in the body is the holder's wall-clock
 guess, for people reading the object; no decision uses it.
+
+A holder also names its process in a way only its own node can check (boot id, pid namespace,
+pid and the process's start time, from ``/proc``). A waiter on the same node and in the same pid
+namespace that finds that process gone (killed, crashed) takes the lease over at once instead
+of after its duration; anywhere else (another node, another container) it waits as above.
 """
 
 from __future__ import annotations
@@ -46,10 +51,64 @@ class LeaseState:
     token: str
     duration: Optional[float] = None  # seconds the holder promised to renew within; None: not said
     released: bool = False
+    process: Optional[dict[str, object]] = None  # the holder's process_identity(), if it said
 
 
 def _owner() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def _read_text(path: str) -> Optional[str]:
+    try:
+        with open(path) as file:
+            return file.read()
+    except OSError:
+        return None
+
+
+def _start_time(pid: int) -> Optional[str]:
+    """When process ``pid`` started (clock ticks since boot, /proc/<pid>/stat field 22); None if
+    there is no such process."""
+    stat = _read_text(f"/proc/{pid}/stat")
+    if stat is None:
+        return None
+    fields = stat.rsplit(")", 1)[-1].split()  # after the command name, which may hold spaces
+    return fields[19] if len(fields) > 19 else None
+
+
+def _namespace() -> Optional[dict[str, object]]:
+    """This node's boot and this process's pid namespace, as /proc says (None off Linux)."""
+    boot = _read_text("/proc/sys/kernel/random/boot_id")
+    try:
+        pid_ns = os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        return None
+    return {"boot_id": boot.strip(), "pid_ns": pid_ns} if boot else None
+
+
+def process_identity() -> Optional[dict[str, object]]:
+    """What names this process for a waiter on the same node: boot id, pid namespace, pid and
+    start time (a pid reused by a later process has another start time)."""
+    namespace = _namespace()
+    start = _start_time(os.getpid())
+    if namespace is None or start is None:
+        return None
+    return {**namespace, "pid": os.getpid(), "start": start}
+
+
+def holder_exited(process: Optional[dict[str, object]]) -> bool:
+    """Whether the process ``process`` (a ``process_identity()``) certainly no longer runs: it
+    ran on this boot of this node in this pid namespace, and its pid is gone or now names a
+    process that started at another time. False whenever this process cannot tell."""
+    if not isinstance(process, dict):
+        return False
+    namespace = _namespace()
+    if namespace is None or any(process.get(key) != value for key, value in namespace.items()):
+        return False
+    pid = process.get("pid")
+    if not isinstance(pid, int) or pid <= 0 or pid == os.getpid():
+        return False
+    return _start_time(pid) != process.get("start")
 
 
 class Lease:
@@ -88,6 +147,7 @@ class Lease:
                 "duration": self.duration,
                 "released": released,
                 "renewal": self._renewals,
+                "process": process_identity(),
             }
         ).encode()
 
@@ -105,14 +165,18 @@ class Lease:
                 duration = None
             expires_at = float(raw["expires_at"])
             released = bool(raw.get("released", expires_at == 0.0))
-            return LeaseState(str(raw["owner"]), str(raw["build_id"]), expires_at, token, duration, released)
+            process = raw.get("process")
+            return LeaseState(
+                str(raw["owner"]), str(raw["build_id"]), expires_at, token, duration, released,
+                process if isinstance(process, dict) else None,
+            )
         except (ValueError, KeyError, TypeError, AttributeError, OverflowError):
             # An unreadable lease is watched like any other: it goes stale unless rewritten.
             return LeaseState("?", "?", 0.0, token)
 
     def _is_stale(self, current: LeaseState) -> bool:
         """Whether this waiter has watched ``current``'s version stay unchanged for its duration."""
-        if current.released:
+        if current.released or holder_exited(current.process):
             return True
         now = self.monotonic()
         if self._watched is None or self._watched[0] != current.token:
@@ -136,7 +200,13 @@ class Lease:
         token = self.objects.write(self.key, self._payload(), if_token=current.token)
         if token is None:
             return False, None  # someone else took it over first
-        if not current.released:
+        if not current.released and holder_exited(current.process):
+            log.warning(
+                "took over the build lease of %s (%s): its process on this node has exited",
+                current.owner,
+                self.objects.url(self.key),
+            )
+        elif not current.released:
             log.warning(
                 "took over the stale build lease of %s (%s): not renewed for %.0f s",
                 current.owner,
