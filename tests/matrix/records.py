@@ -129,5 +129,7 @@ def yogadl_order(
             out.append(order[position:] if e == first_epoch else order)
         return out
     shard = shard_keys(keys, rank, shards)
+    if not shard:  # YogaDL divides by zero on an empty shard; DESIGN.md: it yields nothing
+        return [[] for _ in range(epochs)]
     generator = GeneratorFromKeys(shard, start_offset, lambda key: key, shuffle, shuffle, seed)
     return [list(generator.instantiate_generator()) for _ in range(epochs)]
