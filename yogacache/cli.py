@@ -253,14 +253,13 @@ def _fit(
     paths = header.index(path) if path in header else None
     full_paths = [r[paths] for r in rows] if paths is not None else []
 
-    def fit_paths(rows: list[list[str]]) -> list[list[str]]:
-        """Paths shortened from the left to what the other columns leave (16 at least)."""
-        assert paths is not None
-        budget = max(16, width - (total(rows) - column_width(rows, paths)))
-        return with_column(rows, paths, [shorten_path(full, budget) for full in full_paths])
+    def fit_paths(rows: list[list[str]], column: int) -> list[list[str]]:
+        """Paths (in ``column``) shortened from the left to what the other columns leave (16 at least)."""
+        budget = max(16, width - (total(rows) - column_width(rows, column)))
+        return with_column(rows, column, [shorten_path(full, budget) for full in full_paths])
 
     if paths is not None and total(rows) > width:
-        rows = fit_paths(rows)
+        rows = fit_paths(rows, paths)
     names = [i for i, name in enumerate(header) if name in fold and i != paths]
     while total(rows) > width and names:
         # The widest name column wraps to what the line needs; one that cannot shrink is done.
@@ -273,7 +272,7 @@ def _fit(
             continue
         rows = wrapped
         if paths is not None:
-            rows = fit_paths(rows)  # the path takes what wrapping left
+            rows = fit_paths(rows, paths)  # the path takes what wrapping left
     return header, rows
 
 

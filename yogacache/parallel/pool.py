@@ -283,10 +283,13 @@ class ShardedBuild:
         sample of its first records takes to make, plus their bytes at ``WRITE_BYTES_PER_S``.
         None where it cannot tell: shards of unknown length (a builder function, callables, an
         object source's archives), or records that fail to be made here (the build reports it)."""
-        if self.cardinality is None or not all(isinstance(shard, IndexRange) for shard in self.shards):
+        first = self.shards[0] if self.shards else None
+        if (
+            self.cardinality is None
+            or not isinstance(first, IndexRange)
+            or not all(isinstance(shard, IndexRange) for shard in self.shards)
+        ):
             return None
-        first = self.shards[0]
-        assert isinstance(first, IndexRange)
         sizes = []
         started = time.perf_counter()
         try:
