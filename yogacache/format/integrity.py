@@ -233,3 +233,24 @@ def _feed(path: Path, sinks: list[Callable[[memoryview], Any]], chunk_size: int 
                 break
             for sink in sinks:
                 sink(view[:read])
+
+
+def part_file_verified(path: Path, part: PartInfo) -> bool:
+    """Whether the file at ``path`` is a regular file of the part's size and content hash (a stamp of
+    this user vouches for a file hashed before; otherwise it is hashed, and stamped)."""
+    try:
+        st = os.lstat(path)
+        if not stat.S_ISREG(st.st_mode) or st.st_size != part.size_bytes:
+            return False
+        identity = file_identity(path)
+    except OSError:
+        return False
+    if has_stamp(identity, part.hash_label):
+        return True
+    try:
+        matches = part_matches(path, part)
+    except OSError:
+        return False
+    if matches:
+        write_stamp(identity, part.hash_label)
+    return matches

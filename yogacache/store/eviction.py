@@ -23,6 +23,7 @@ from yogacache.format.manifest import Manifest
 from yogacache.locks import FileLock, LockTimeoutError
 from yogacache.sizes import format_size
 from yogacache.store import budget
+from yogacache.store.localroot import read_origin
 
 log = logging.getLogger(__name__)
 
@@ -31,8 +32,6 @@ COPY_ROOM_WAIT_SECONDS = 60.0
 
 def copy_is_evictable(store: Any, item: budget.LocalItem) -> bool:
     """Whether the whole local copy ``item`` is a copy of the build ``store`` publishes."""
-    from yogacache.store.remote import read_origin
-
     if item.kind != "copy":
         return True
     try:

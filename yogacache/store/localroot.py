@@ -1,4 +1,5 @@
-"""Node-local roots: where a store keeps caches on this node, made safe on a shared ``/tmp``.
+"""Node-local roots: where a store keeps caches on this node, made safe on a shared ``/tmp``; and
+each local copy's ``origin.json`` (the remote it came from or was built for).
 
 YogaDL's default keeps a node's copies of remote caches in ``/tmp/yogadl_local_cache``. On a node
 several users share, the first user would own that directory (others get a raw PermissionError),
@@ -17,15 +18,19 @@ into, or read from, a place of their choosing. So the copies root under a parent
 
 from __future__ import annotations
 
+import json
 import os
 import stat
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Optional
 
 from yogacache.errors import ConfigError
 from yogacache.safefs import PRIVATE_DIR_MODE, PUBLIC_DIR_MODE, describe_user, make_directories, trusted_link
 
 LOCAL_CACHE_DIR = "yogadl_local_cache"
+ORIGIN_NAME = "origin.json"  # in a local copy: which remote it was fetched from or published to
 _HINT = (
     "choose a directory of yours: local_cache_host_path (--local-cache) for copies of remote caches, "
     "host_storage_path (--storage) for local ones"
@@ -115,3 +120,45 @@ def _existing_ancestor(path: Path) -> Path:
     while not path.exists() and path != path.parent:
         path = path.parent
     return path
+
+
+# -- a local copy's origin ---------------------------------------------------------------------
+
+
+def _origin_record(directory: Path) -> dict[str, Any]:
+    try:
+        with open(directory / ORIGIN_NAME, "rb") as handle:
+            raw = json.loads(handle.read(65536))
+    except (OSError, ValueError):
+        return {}
+    return raw if isinstance(raw, dict) else {}
+
+
+def read_origin(directory: Path) -> Optional[str]:
+    """The remote URL a local copy came from, was published to, or was built for (None: unknown,
+    e.g. a copy made before this was kept)."""
+    url = _origin_record(directory).get("url")
+    return url if isinstance(url, str) else None
+
+
+def is_unpublished(directory: Path) -> bool:
+    """Whether the local copy was built for its remote and never published there (its publish
+    failed, or was interrupted or killed): it is not the remote's cache."""
+    return _origin_record(directory).get("published") is False
+
+
+def write_origin(directory: Path, url: str, *, published: bool = True) -> None:
+    """Records ``url`` as the copy's origin (``published`` False: built for it, not yet published
+    there): a new private file renamed over the old one."""
+    temp = directory / f".{ORIGIN_NAME}.{uuid.uuid4().hex}"
+    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    record: dict[str, Any] = {"url": url} if published else {"url": url, "published": False}
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write((json.dumps(record) + "\n").encode())
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temp, directory / ORIGIN_NAME)
+    except BaseException:
+        temp.unlink(missing_ok=True)
+        raise

@@ -22,7 +22,6 @@ every user may write to, such as ``/tmp``: see ``store.localroot``).
 from __future__ import annotations
 
 import builtins
-import json
 import logging
 import os
 import shutil
@@ -48,7 +47,12 @@ from yogacache.errors import (
     YogaCacheError,
 )
 from yogacache.format.durability import TRASH_MARK, fsync_path, replace_directory, temp_dir_for, write_file_durably
-from yogacache.format.integrity import Verify, file_identity, has_stamp, part_matches, stamp_verified, write_stamp
+from yogacache.format.integrity import (
+    Verify,
+    part_file_verified,
+    part_matches,
+    stamp_verified,
+)
 from yogacache.format.manifest import MANIFEST_NAME, MAX_MANIFEST_BYTES, Manifest, PartInfo
 from yogacache.format.sources import source_for
 from yogacache.format.writer import BuildLimits
@@ -60,12 +64,13 @@ from yogacache.store.lease import BuildWaitTimeoutError as BuildWaitTimeoutError
 from yogacache.store.lease import Lease, holding
 from yogacache.store.local import CacheStore
 from yogacache.store.localroot import LOCAL_CACHE_DIR as LOCAL_CACHE_DIR  # re-exported: the documented name
-from yogacache.store.localroot import local_copies_root
+from yogacache.store.localroot import ORIGIN_NAME as ORIGIN_NAME  # re-exported
+from yogacache.store.localroot import is_unpublished, local_copies_root, write_origin
+from yogacache.store.localroot import read_origin as read_origin  # re-exported
 from yogacache.store.transfers import run_transfers
 
 log = logging.getLogger(__name__)
 
-ORIGIN_NAME = "origin.json"  # in a local copy: which remote it was fetched from or published to
 REMOTE_PART_SIZE = 256 << 20  # smaller parts let downloads, uploads and hashing overlap
 _REPLACED_RETRIES = 3
 
@@ -82,27 +87,6 @@ class _BuildReplaced(Exception):
         self.newer = newer
 
 
-def _part_matches(path: Path, part: PartInfo) -> bool:
-    """Whether the file at ``path`` is a regular file of the part's size and content hash (a stamp of
-    this user vouches for a file hashed before; otherwise it is hashed, and stamped)."""
-    try:
-        st = os.lstat(path)
-        if not stat.S_ISREG(st.st_mode) or st.st_size != part.size_bytes:
-            return False
-        identity = file_identity(path)
-    except OSError:
-        return False
-    if has_stamp(identity, part.hash_label):
-        return True
-    try:
-        matches = part_matches(path, part)
-    except OSError:
-        return False
-    if matches:
-        write_stamp(identity, part.hash_label)
-    return matches
-
-
 def _free_bytes(directory: Path) -> int:
     try:
         return shutil.disk_usage(directory).free
@@ -117,45 +101,6 @@ def _check_free_space(directory: Path, need: int, dataset_id: str, dataset_versi
             f"no space left on {directory}, need {need} bytes to download "
             f"{dataset_id}:{dataset_version} ({free} bytes free)"
         )
-
-
-def _origin_record(directory: Path) -> dict[str, Any]:
-    try:
-        with open(directory / ORIGIN_NAME, "rb") as handle:
-            raw = json.loads(handle.read(65536))
-    except (OSError, ValueError):
-        return {}
-    return raw if isinstance(raw, dict) else {}
-
-
-def read_origin(directory: Path) -> Optional[str]:
-    """The remote URL a local copy came from, was published to, or was built for (None: unknown,
-    e.g. a copy made before this was kept)."""
-    url = _origin_record(directory).get("url")
-    return url if isinstance(url, str) else None
-
-
-def is_unpublished(directory: Path) -> bool:
-    """Whether the local copy was built for its remote and never published there (its publish
-    failed, or was interrupted or killed): it is not the remote's cache."""
-    return _origin_record(directory).get("published") is False
-
-
-def write_origin(directory: Path, url: str, *, published: bool = True) -> None:
-    """Records ``url`` as the copy's origin (``published`` False: built for it, not yet published
-    there): a new private file renamed over the old one."""
-    temp = directory / f".{ORIGIN_NAME}.{uuid.uuid4().hex}"
-    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
-    record: dict[str, Any] = {"url": url} if published else {"url": url, "published": False}
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write((json.dumps(record) + "\n").encode())
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(temp, directory / ORIGIN_NAME)
-    except BaseException:
-        temp.unlink(missing_ok=True)
-        raise
 
 
 class RemoteCacheStore:
@@ -330,7 +275,7 @@ class RemoteCacheStore:
         if local is None or local.content_json() != remote.content_json():  # CRC32Cs aside
             return None
         directory = self.local.cache_dir(dataset_id, dataset_version)
-        damaged = [part for part in remote.parts if not _part_matches(directory / part.name, part)]
+        damaged = [part for part in remote.parts if not part_file_verified(directory / part.name, part)]
         for part in damaged if report else ():
             log.warning(
                 "part %s of the local copy of %s:%s does not match the published manifest "
@@ -454,7 +399,7 @@ class RemoteCacheStore:
                 st = os.lstat(path)
             except OSError:
                 continue
-            if stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid() and _part_matches(path, part):
+            if stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid() and part_file_verified(path, part):
                 found[part.name] = path
         return found
 

@@ -36,8 +36,8 @@ from typing import Any, Callable, Optional, Sequence
 from yogacache.backends.base import DEFAULT_TRANSFER_THREADS, ObjectStore, TransferCancelled, stop_retries_when
 from yogacache.errors import CacheReplacedError, ConfigError, CorruptCacheError, NoSpaceError
 from yogacache.format.durability import fsync_path
-from yogacache.format.integrity import file_identity, part_matches, write_stamp
-from yogacache.format.manifest import MANIFEST_NAME, MAX_MANIFEST_BYTES, Manifest, PartInfo
+from yogacache.format.integrity import file_identity, part_file_verified, part_matches, write_stamp
+from yogacache.format.manifest import MANIFEST_NAME, MAX_MANIFEST_BYTES, Manifest
 from yogacache.read.reader import CacheReader
 from yogacache.safefs import make_directories
 from yogacache.sizes import format_size
@@ -318,7 +318,7 @@ class StreamingParts:
         fetch ahead stops (TransferCancelled) once ``stopping`` is set."""
         part = self.manifest.parts[index]
         target = self.path(index)
-        if _present(target, part):
+        if part_file_verified(target, part):
             try:
                 os.utime(target)  # recently used
             except OSError:
@@ -326,7 +326,7 @@ class StreamingParts:
             return
         make_directories(self.directory)
         with budget.fetch_lock(self.directory, self.file_names[index]):
-            if _present(target, part):
+            if part_file_verified(target, part):
                 return
             for stale in self.directory.glob(f".{self.file_names[index]}{budget.TEMP_MARK}*"):
                 stale.unlink(missing_ok=True)  # a download killed midway (we hold its lock)
@@ -459,13 +459,6 @@ class StreamingParts:
             raise CorruptCacheError(f"{url} does not match its manifest's size and hash (altered or swapped); refused")
         os.chmod(temp, 0o644)
         fsync_path(temp)
-
-
-def _present(path: Path, part: PartInfo) -> bool:
-    """Whether a complete, verified copy of ``part`` is at ``path``."""
-    from yogacache.store.remote import _part_matches
-
-    return _part_matches(path, part)
 
 
 def remove_streamed_parts(root: Path, dataset_id: str, dataset_version: str) -> list[str]:
