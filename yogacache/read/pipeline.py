@@ -294,11 +294,9 @@ _WARNED_RANDOM_STREAMS: set[tuple[str, str]] = set()
 def warn_random_streaming(reader: CacheReader, schedule: ReadSchedule, sizes: ReadSizes) -> None:
     """Warns once per process and cache when a mode that reads every part at random (``shard``,
     ``global``) streams a cache larger than the node's byte budget: it says the re-download
-    volume per epoch this implies, and that ``shuffle_mode="parts"`` avoids it. Fits the
-    schedule to the budget first (``ReadSchedule.fit_budget``: the parts mode's window), for
-    callers that built it without one."""
+    volume per epoch this implies, and that ``shuffle_mode="parts"`` avoids it. The schedule
+    was fitted to the budget when it was made (``ReadSchedule(budget_bytes=...)``)."""
     budget = reader.streaming_budget
-    schedule.fit_budget(budget)
     mode = schedule.options.shuffle_mode if schedule.options.shuffle else "sequential"
     key = (str(reader.directory), mode)
     if budget is None or key in _WARNED_RANDOM_STREAMS:
