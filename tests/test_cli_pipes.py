@@ -3,6 +3,8 @@ as ``cat`` or ``yes`` would by SIGPIPE), never with "[Errno 32] Broken pipe" or 
 
 from __future__ import annotations
 
+import fcntl
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -11,6 +13,8 @@ import pytest
 
 from tests.cloud_helpers import python_env
 from yogacache.store.local import CacheStore
+
+F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)  # Linux
 
 
 @pytest.fixture(scope="module")
@@ -24,15 +28,21 @@ def many_caches(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.mark.parametrize("command", [["ls", "--json"], ["ls"]])
 def test_a_reader_that_stops_early_ends_the_command_quietly(command: list[str], many_caches: Path) -> None:
+    # A pipe of one page (the ls table is 19 KB, under the default 64 KiB a pipe holds): the
+    # command cannot finish writing before the reader goes, whatever the timing.
+    read_end, write_end = os.pipe()
+    fcntl.fcntl(write_end, F_SETPIPE_SZ, 4096)
     process = subprocess.Popen(
         [sys.executable, "-m", "yogacache", *command, "--storage", str(many_caches)],
-        stdout=subprocess.PIPE,
+        stdout=write_end,
         stderr=subprocess.PIPE,
         env={**python_env(), "COLUMNS": "200"},
     )
-    assert process.stdout is not None and process.stderr is not None
-    head = process.stdout.read(100)  # like `head -c 100`
-    process.stdout.close()  # ... and gone: the rest cannot be written
+    os.close(write_end)
+    assert process.stderr is not None
+    with os.fdopen(read_end, "rb") as stdout:
+        head = stdout.read(100)  # like `head -c 100`
+    # ... and gone: the rest cannot be written
     stderr = process.stderr.read().decode()
     code = process.wait(timeout=120)
     assert head.startswith(b"[" if "--json" in command else b"DATASET")
