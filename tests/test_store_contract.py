@@ -7,15 +7,17 @@ published location, each with its own node-local root, as separate machines woul
 
 from __future__ import annotations
 
+import inspect
 import uuid
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Generic, Protocol
 
 import numpy as np
 import pytest
 
 from yogacache.errors import CacheNotFoundError, ConfigError, CorruptCacheError, InvalidNameError
 from yogacache.store import CacheEntry, Store, open_store
+from yogacache.store.base import RemoteStore
 
 KINDS = ["local", "remote-directory", "remote-s3", "remote-gcs"]
 Nodes = Callable[[str], Store]
@@ -173,3 +175,54 @@ def test_names_are_refused_before_any_io(nodes: Nodes, bad: str) -> None:
     ):
         with pytest.raises(InvalidNameError):
             call()
+
+
+# -- the protocol is the whole contract: every store class has all of it, no caller asks more ------
+PACKAGE = Path(__file__).resolve().parent.parent / "yogacache"
+
+
+def protocol_members(protocol: type) -> set[str]:
+    """The names a Protocol class declares (methods, properties, annotated attributes), its bases' too."""
+    names: set[str] = set()
+    for cls in protocol.__mro__:
+        if cls in (object, Protocol, Generic) or not getattr(cls, "_is_protocol", False):
+            continue
+        names |= {name for name in vars(cls) if not name.startswith("_")}
+        names |= {name for name in getattr(cls, "__annotations__", {}) if not name.startswith("_")}
+    return names
+
+
+def every_store(tmp_path: Path) -> list[Store]:
+    """One instance of each store class there is, local and remote."""
+    from yogacache.backends.files import FileObjectStore
+    from yogacache.store.mirrors import MirroredCacheStore
+
+    mirror = FileObjectStore(tmp_path / "mirror")
+    return [
+        open_store(tmp_path / "local", show_progress=False),
+        open_store(f"file://{tmp_path / 'bucket'}", local_cache=tmp_path / "node", show_progress=False),
+        MirroredCacheStore(FileObjectStore(tmp_path / "origin"), [mirror], tmp_path / "node-m", show_progress=False),
+    ]
+
+
+def test_every_store_class_has_every_member_of_the_protocol(tmp_path: Path) -> None:
+    stores = every_store(tmp_path)
+    assert {"local", "remote", "open", "get_or_build"} <= protocol_members(Store)
+    assert {"objects", "key", "local_manifest", "mirror_builds"} <= protocol_members(RemoteStore)
+    for store in stores:
+        for name in protocol_members(Store):
+            assert hasattr(store, name), f"{type(store).__name__} lacks Store.{name}"
+        assert store.local.local is store.local and store.local.remote is None
+        remote = store.remote
+        if remote is None:
+            assert store.remote_url is None and store.local is store
+            continue
+        assert remote is store and remote.remote_url == remote.objects.url()
+        for name in protocol_members(RemoteStore):
+            assert hasattr(remote, name), f"{type(store).__name__} lacks RemoteStore.{name}"
+        for name in protocol_members(RemoteStore) | protocol_members(Store):
+            declared = getattr(RemoteStore, name, None)
+            if callable(declared) and not isinstance(declared, property):
+                expected = list(inspect.signature(declared).parameters)[1:]
+                assert list(inspect.signature(getattr(remote, name)).parameters) == expected, name
+    assert [store.remote.mirror_builds() if store.remote else None for store in stores] == [None, None, []]

@@ -1,63 +1,26 @@
 """The Store protocol: what every store (local directory, remote object store) does for callers.
 
-DataLayer, the CLI and the YogaDL facade hold a ``Store`` and never ask which kind it is: a
-local store answers "no remote copy" where a remote store would talk to its backend.
+DataLayer, the CLI, the YogaDL facade, sources and the Ray builder hold a ``Store`` and never
+ask which class it is (no ``isinstance``, ``getattr`` or ``hasattr`` on a store outside
+``yogacache.store``): what differs between stores is answered by the protocol itself. Every
+store has a ``local`` directory store (a local store is its own); ``remote`` is the
+``RemoteStore`` view of a store that publishes to an object store, None for one that does not.
 """
 
 from __future__ import annotations
 
 import builtins
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional, Protocol
 
+from yogacache.backends.base import ObjectStore
 from yogacache.format.manifest import Manifest
 from yogacache.read.reader import CacheReader
+from yogacache.store.entry import CacheEntry as CacheEntry  # re-exported: where stores took it from
+from yogacache.store.local import CacheStore
 
-
-@dataclass(frozen=True)
-class CacheEntry:
-    """One cache a store lists: its local copy and/or its published copy.
-
-    ``error`` is set when the local manifest exists but cannot be read.
-    """
-
-    dataset_id: str
-    dataset_version: str
-    local_path: Optional[Path]
-    local: Optional[Manifest]
-    remote: Optional[Manifest] = None
-    remote_url: Optional[str] = None
-    error: Optional[str] = None
-
-    @property
-    def manifest(self) -> Optional[Manifest]:
-        """The authoritative manifest: the published one where there is one, else the local one."""
-        return self.remote or self.local
-
-    @property
-    def path(self) -> Optional[Path]:
-        return self.local_path
-
-    @property
-    def where(self) -> str:
-        """``local``, ``remote`` or ``remote+local``."""
-        places = [name for name, present in (("remote", self.remote_url), ("local", self.local_path)) if present]
-        return "+".join(places)
-
-    @property
-    def current(self) -> bool:
-        """True when a local copy of a published cache is of the published build."""
-        return self.remote is not None and self.local is not None and self.remote.freshness == self.local.freshness
-
-    @property
-    def copy_state(self) -> str:
-        """How the local copy relates to the published cache: current, stale, only local, none."""
-        if self.current:
-            return "current"
-        if self.local_path is not None and self.remote is not None:
-            return "stale"
-        return "only local" if self.local_path is not None else "none"
+# (dataset_id, version, storage URL, build id or None): which storage holds which build.
+MirrorBuild = tuple[str, str, str, Optional[str]]
 
 
 class Store(Protocol):
@@ -72,6 +35,18 @@ class Store(Protocol):
 
     @property
     def remote_url(self) -> Optional[str]: ...
+
+    @property
+    def local(self) -> CacheStore:
+        """The directory store of this node's caches: a local store itself, a remote store's
+        node-local copies. What builds, locks and lays out caches on this node."""
+        ...
+
+    @property
+    def remote(self) -> Optional[RemoteStore]:
+        """This store as a ``RemoteStore`` (itself) when it publishes to an object store, None
+        for a store whose caches live only in its directory (local or shared filesystem)."""
+        ...
 
     def location(self, dataset_id: str, dataset_version: str) -> str:
         """Where the cache lives, for messages: a directory or a URL (never credentials)."""
@@ -113,4 +88,50 @@ class Store(Protocol):
 
     def push(self, dataset_id: str, dataset_version: str) -> Manifest:
         """Publishes the local copy (ConfigError for a store with no remote)."""
+        ...
+
+
+class RemoteStore(Store, Protocol):
+    """A store that publishes caches to an object store and reads them through node-local copies.
+
+    ``store.remote`` answers this view (or None): callers ask it, never the store's class.
+    """
+
+    local: CacheStore  # assignable: ``yogacache push --from DIR`` publishes another directory's copy
+
+    @property
+    def objects(self) -> ObjectStore:
+        """The object store caches are published to."""
+        ...
+
+    @property
+    def local_cache_limit(self) -> Optional[int]:
+        """The byte budget of this node's local copies and streamed parts (None: no budget)."""
+        ...
+
+    def key(self, dataset_id: str, dataset_version: str, name: str = "") -> str:
+        """The object key of ``name`` in the cache's remote directory (validates both names)."""
+        ...
+
+    def remote_manifest(self, dataset_id: str, dataset_version: str) -> Optional[Manifest]:
+        """The published manifest (one request), or None when the cache is not published."""
+        ...
+
+    def local_manifest(self, dataset_id: str, dataset_version: str) -> Optional[Manifest]:
+        """This node's copy's manifest, None when there is no readable local copy."""
+        ...
+
+    def delete_unreferenced(self, dataset_id: str, dataset_version: str) -> None:
+        """Deletes the cache's part objects that its published manifest does not name (the
+        leftovers of failed or killed builds); the caller holds the cache's build lease."""
+        ...
+
+    def remove_stranded(self, *, dry_run: bool = False) -> builtins.list[str]:
+        """Removes (or, with ``dry_run``, lists) the URLs of part objects no published manifest
+        names, across every cache of the storage."""
+        ...
+
+    def mirror_builds(self) -> Optional[builtins.list[MirrorBuild]]:
+        """For a storage with mirrors: per published cache, the origin then each mirror with the
+        build it holds (None: unreadable); None for a storage without mirrors."""
         ...

@@ -25,7 +25,7 @@ from yogacache.malloc import keep_freed_memory
 from yogacache.names import validate_name, validate_version
 from yogacache.progress import Progress, waiter
 from yogacache.read.reader import CacheReader
-from yogacache.store.base import CacheEntry
+from yogacache.store.entry import CacheEntry
 from yogacache.store.localroot import LocalRoot, check_root
 
 log = logging.getLogger(__name__)
@@ -72,6 +72,16 @@ class CacheStore:
 
     def __repr__(self) -> str:
         return f"CacheStore({str(self.root)!r})"
+
+    @property
+    def local(self) -> CacheStore:
+        """This store: its directory holds this node's caches (the ``Store`` protocol)."""
+        return self
+
+    @property
+    def remote(self) -> None:
+        """None: nothing is published beyond this directory (the ``Store`` protocol)."""
+        return None
 
     # -- layout ---------------------------------------------------------------------------
     def cache_dir(self, dataset_id: str, dataset_version: str) -> Path:
