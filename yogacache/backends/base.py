@@ -11,13 +11,14 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import errno
+import io
 import logging
 import random
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable, Iterator, Optional, Protocol, TypeVar
+from typing import Any, BinaryIO, Callable, Iterable, Iterator, NamedTuple, Optional, Protocol, TypeVar
 from urllib.parse import urlparse
 
 from yogacache.errors import ConfigError, YogaCacheError
@@ -36,7 +37,25 @@ _DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
 
 
 class RemoteError(YogaCacheError):
-    """A request to the object store failed (after retries); the cache was left untouched."""
+    """A request to the object store failed (after retries); the cache was left untouched.
+
+    ``reason``: what went wrong, without the request or the object (``RetryPolicy`` sets it to
+    the backend's description), for callers that name the object their own way.
+    """
+
+    def __init__(self, message: str, reason: Optional[str] = None) -> None:
+        super().__init__(message)
+        self.reason = reason if reason is not None else message
+
+
+class ObjectChangedError(RemoteError):
+    """A read pinned to one version of an object (``ObjectPin``) found another version (it was
+    overwritten: S3 412 on ``IfMatch``, GCS 412 on ``ifGenerationMatch``) or none (it, or the pinned
+    version, was deleted: ``deleted`` is True). Never retried: the caller starts over or gives up."""
+
+    def __init__(self, message: str, *, deleted: bool) -> None:
+        super().__init__(message)
+        self.deleted = deleted
 
 
 class TransferCancelled(YogaCacheError):
@@ -106,9 +125,8 @@ class RetryPolicy:
                 if is_disk_full(error):
                     raise  # this node's disk, not the remote: retrying cannot help
                 if not is_transient(error) or attempt == self.attempts:
-                    raise RemoteError(
-                        f"{what} failed after {attempt} attempt(s): {describe(error)}"
-                    ) from None
+                    reason = describe(error)
+                    raise RemoteError(f"{what} failed after {attempt} attempt(s): {reason}", reason) from None
                 delay = min(self.max_delay, self.base_delay * 2 ** (attempt - 1))
                 delay *= 0.5 + random.random()
                 if stop is not None and stop.is_set():
@@ -133,6 +151,43 @@ def describe_error(error: BaseException) -> str:
     if isinstance(code, int):  # google.api_core exceptions
         return f"HTTP {code} {type(error).__name__}"
     return type(error).__name__
+
+
+@dataclass(frozen=True)
+class ObjectPin:
+    """One object as it is now, with what pins its version on its service: the answer of
+    ``head`` and ``list_page``, and what ``read_range`` / ``open_stream`` read conditionally on.
+
+    ``key`` is relative to the store's prefix (a source opens its backend at the bucket root, so
+    there it is the whole key). Only the fields the service has are set: S3 ``etag`` (quotes
+    stripped) and ``version_id`` (a versioned bucket, where a version was asked for); GCS
+    ``etag`` and ``generation``; Azure ``etag`` and ``version_id``; the directory backend
+    ``mtime_ns`` (size and modification time pin a file).
+    """
+
+    key: str
+    size: int
+    etag: Optional[str] = None
+    version_id: Optional[str] = None
+    generation: Optional[int] = None
+    mtime_ns: Optional[int] = None
+
+    def describe(self) -> str:
+        """The version this pin names, for messages: ``generation 5``, ``ETag abc`` or ``mtime 123``."""
+        if self.generation is not None:
+            return f"generation {self.generation}"
+        if self.version_id is not None:
+            return f"version {self.version_id}"
+        if self.etag is not None:
+            return f"ETag {self.etag}"
+        return f"size {self.size}, mtime {self.mtime_ns}"
+
+
+class PinnedPage(NamedTuple):
+    """One LIST page of ``list_page``: the objects in key order, and whether more follow."""
+
+    objects: list[ObjectPin]
+    more: bool
 
 
 class ObjectStore(Protocol):
@@ -174,6 +229,105 @@ class ObjectStore(Protocol):
     def list(self, prefix: str = "") -> list[ObjectInfo]:
         """Every object whose key starts with ``prefix``."""
         ...
+
+
+# Pinned reads (what object sources need)
+LIST_PAGE = 1000  # objects per LIST request of ``list_page``
+RANGE_BLOCK = 1 << 20  # the least an ``open_ranged`` read asks for (zip central directories, headers)
+STREAM_CHUNK = 8 << 20  # the ranged reads an ``open_stream`` over ``read_range`` is made of
+
+
+class PinnedObjectStore(ObjectStore, Protocol):
+    """An object store that sources read from: HEAD and LIST with the tokens that pin an
+    object's version (ETag, version id, generation), and reads conditional on them, so that an
+    object overwritten between the listing and the read fails the read (``ObjectChangedError``)
+    instead of mixing versions. Backends subclass it explicitly and inherit ``open_ranged`` and
+    (unless they have a cheaper one) ``open_stream``, both made of ``read_range``.
+
+    Every request goes through the backend's ``RetryPolicy`` (transient failures retried, then
+    RemoteError); "absent" is an answer (None), never an error. ``metadata_requests`` counts the
+    HEAD and LIST requests made (one per ``head``, one per ``list_page``), which is what a
+    freshness check costs; ``served_versions`` records, per key, the version id the service
+    said it served a read of (S3/Azure versioned buckets; empty elsewhere), which a source adds
+    to its pins. A backend's ``__init__`` sets both (``0`` and ``{}``).
+    """
+
+    metadata_requests: int
+    served_versions: dict[str, str]
+
+    def head(
+        self, key: str, *, version_id: Optional[str] = None, generation: Optional[int] = None
+    ) -> Optional[ObjectPin]:
+        """The object's size and pin (one HEAD request), or None when it (or the version asked
+        for) does not exist. ``version_id`` (S3/Azure) or ``generation`` (GCS) asks for that
+        version instead of the current one; a backend ignores the one its service does not have.
+        The answer carries ``version_id`` only when one was asked for (an unversioned read of a
+        versioned bucket stays pinned by ETag)."""
+        ...
+
+    def list_page(self, prefix: str, start_at: Optional[str] = None, page_size: int = LIST_PAGE) -> PinnedPage:
+        """One LIST request: up to ``page_size`` objects whose key starts with ``prefix`` (a plain
+        string prefix, not only a "directory"), from the key ``start_at`` on (inclusive; None: from
+        the first), in key order, each with its pin; and whether more follow. The next page starts
+        at the key after the last one returned. A key ending in ``/`` (a "directory marker") is
+        listed like any other; the caller skips it. The directory backend lists the regular
+        files under the directory ``prefix`` names (or lies in); symbolic links are no objects."""
+        ...
+
+    def read_range(self, pin: ObjectPin, start: int, stop: int) -> bytes:
+        """Bytes ``start`` to ``stop`` (exclusive) of the version ``pin`` names, read conditionally
+        on it (S3 ``IfMatch`` + ``VersionId``, GCS ``ifGenerationMatch``, Azure ``If-Match`` +
+        ``versionid``, files: size and mtime unchanged); fewer only at the object's end.
+        ObjectChangedError when the object is no longer that version (or is gone)."""
+        ...
+
+    def open_stream(self, pin: ObjectPin) -> BinaryIO:
+        """The whole object of version ``pin``, as a forward-only file (``read``, ``close``)
+        conditional as ``read_range`` is: ObjectChangedError on opening (or on a later read) when
+        the object changed; a transfer that fails part-way raises RemoteError. The default reads
+        ranges of ``STREAM_CHUNK`` bytes in turn; S3 streams one GET."""
+        return io.BufferedReader(RangedFile(pin.size, lambda a, b: self.read_range(pin, a, b)),  # type: ignore[return-value]
+                                 buffer_size=STREAM_CHUNK)
+
+    def open_ranged(self, pin: ObjectPin) -> BinaryIO:
+        """A seekable file over the object of version ``pin`` (zip central directories), each read
+        a conditional ``read_range`` of at least ``RANGE_BLOCK`` bytes."""
+        return io.BufferedReader(RangedFile(pin.size, lambda a, b: self.read_range(pin, a, b)),  # type: ignore[return-value]
+                                 buffer_size=RANGE_BLOCK)
+
+
+class RangedFile(io.RawIOBase):
+    """A seekable, read-only file over ranged reads (``fetch(start, stop)``) of an object of known size."""
+
+    def __init__(self, size: int, fetch: Callable[[int, int], bytes]) -> None:
+        self._size = size
+        self._fetch = fetch
+        self._position = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._position
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._position, io.SEEK_END: self._size}[whence]
+        self._position = max(0, base + offset)
+        return self._position
+
+    def readinto(self, buffer: Any) -> int:
+        view = memoryview(buffer).cast("B")
+        stop = min(self._size, self._position + len(view))
+        if stop <= self._position:
+            return 0
+        data = self._fetch(self._position, stop)
+        count = len(data)
+        view[:count] = data
+        self._position += count
+        return count
 
 
 # Chunks of a copy that streams through the client: large enough for S3's 5 MiB minimum
@@ -236,8 +390,32 @@ class CopyableObjectStore(ObjectStore, Protocol):
     ) -> bool:
         """Copies ``source_key`` of ``source`` to ``key`` server-side (no byte through the client);
         False, doing nothing, when ``source`` is not on the same service as this store.
-        ``crc32c``: the source's checksum where known (S3 needs it for a multipart copy)."""
+        ``crc32c``: the source's checksum where known (S3 needs it for a multipart copy).
+        Backends subclass this protocol and implement ``copy_server_side``: this is the one place
+        the arguments are taken apart."""
+        return self.copy_server_side(ServerCopy(source, source_key, key, size, crc32c, progress))
+
+    def copy_server_side(self, copy: ServerCopy) -> bool:
+        """``copy_from``'s work: the copy, or False (doing nothing) where ``copy.source`` is not on
+        this store's service; FileNotFoundError when the source object is absent."""
         ...
+
+
+@dataclass(frozen=True)
+class ServerCopy:
+    """One server-side copy asked of ``CopyableObjectStore.copy_from``."""
+
+    source: ObjectStore
+    source_key: str
+    key: str
+    size: int
+    crc32c: Optional[str] = None
+    progress: Optional[ProgressCallback] = None
+
+    def copied(self, count: int) -> None:
+        """Reports ``count`` more bytes copied (to ``progress``, where given)."""
+        if self.progress is not None and count:
+            self.progress(count)
 
 
 def join_key(*parts: str) -> str:

@@ -17,10 +17,11 @@ from urllib.parse import urlparse
 
 from yogacache.backends.base import (
     COPY_CHUNK_BYTES,
+    CopyableObjectStore,
     ObjectChecksum,
     ObjectInfo,
-    ObjectStore,
     ProgressCallback,
+    ServerCopy,
     join_key,
 )
 from yogacache.format.durability import fsync_path
@@ -33,7 +34,7 @@ def _token(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-class FileObjectStore:
+class FileObjectStore(CopyableObjectStore):
     """Objects as files under ``root`` (a local or shared filesystem)."""
 
     def __init__(self, root: Path | str) -> None:
@@ -205,16 +206,7 @@ class FileObjectStore:
             if temp.exists():
                 temp.unlink()
 
-    def copy_from(
-        self,
-        source: ObjectStore,
-        source_key: str,
-        key: str,
-        *,
-        size: int,
-        crc32c: Optional[str] = None,
-        progress: Optional[ProgressCallback] = None,
-    ) -> bool:
+    def copy_server_side(self, copy: ServerCopy) -> bool:
         """Never server-side: a directory's bytes pass through this process anyway."""
         return False
 

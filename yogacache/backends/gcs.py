@@ -15,12 +15,13 @@ from typing import Any, Optional
 from yogacache.backends.base import (
     COPY_CHUNK_BYTES,
     DEFAULT_TRANSFER_THREADS,
+    CopyableObjectStore,
     ObjectChecksum,
     ObjectInfo,
-    ObjectStore,
     ProgressCallback,
     RemoteError,
     RetryPolicy,
+    ServerCopy,
     TransferCancelled,
     describe_error,
     join_key,
@@ -93,7 +94,7 @@ class _CountingWriter(io.RawIOBase):
         return written
 
 
-class GCSObjectStore:
+class GCSObjectStore(CopyableObjectStore):
     """Objects under ``gs://bucket/prefix``."""
 
     def __init__(
@@ -325,17 +326,9 @@ class GCSObjectStore:
         except Exception as error:
             raise RemoteError(f"upload to {self.url(key)} failed: {self._describe(error)}") from None
 
-    def copy_from(
-        self,
-        source: ObjectStore,
-        source_key: str,
-        key: str,
-        *,
-        size: int,
-        crc32c: Optional[str] = None,
-        progress: Optional[ProgressCallback] = None,
-    ) -> bool:
-        """``Blob.rewrite`` (repeated until done) when ``source`` is GCS: bytes stay in the cloud."""
+    def copy_server_side(self, copy: ServerCopy) -> bool:
+        """``Blob.rewrite`` (repeated until done) when the source is GCS: bytes stay in the cloud."""
+        source, source_key, key = copy.source, copy.source_key, copy.key
         if not isinstance(source, GCSObjectStore):
             return False
 
@@ -349,8 +342,8 @@ class GCSObjectStore:
                     token, written, _total = target.rewrite(origin, token=token, retry=None, timeout=self.timeout)
                 except gexc.NotFound:
                     raise FileNotFoundError(f"{source.url(source_key)} does not exist") from None
-                if progress and written > copied:
-                    progress(written - copied)
+                if written > copied:
+                    copy.copied(written - copied)
                 copied = written
                 if token is None:
                     return

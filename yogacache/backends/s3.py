@@ -13,12 +13,13 @@ from typing import Any, Optional
 from yogacache.backends.base import (
     COPY_CHUNK_BYTES,
     DEFAULT_TRANSFER_THREADS,
+    CopyableObjectStore,
     ObjectChecksum,
     ObjectInfo,
-    ObjectStore,
     ProgressCallback,
     RemoteError,
     RetryPolicy,
+    ServerCopy,
     describe_error,
     join_key,
     split_bucket_url,
@@ -62,7 +63,7 @@ def _is_transient(error: BaseException) -> bool:
     return _code(error) not in _ABSENT | _PRECONDITION | _BAD_CREDENTIALS | {"NoSuchBucket", "InvalidBucketName"}
 
 
-class S3ObjectStore:
+class S3ObjectStore(CopyableObjectStore):
     """Objects under ``s3://bucket/prefix``. Credentials come from the standard AWS chain unless given."""
 
     def __init__(
@@ -421,18 +422,10 @@ class S3ObjectStore:
         except Exception:  # noqa: BLE001 - the failure being raised matters more
             pass
 
-    def copy_from(
-        self,
-        source: ObjectStore,
-        source_key: str,
-        key: str,
-        *,
-        size: int,
-        crc32c: Optional[str] = None,
-        progress: Optional[ProgressCallback] = None,
-    ) -> bool:
-        """CopyObject (UploadPartCopy past ``copy_multipart_bytes``) when ``source`` is a bucket of
+    def copy_server_side(self, copy: ServerCopy) -> bool:
+        """CopyObject (UploadPartCopy past ``copy_multipart_bytes``) when the source is a bucket of
         the same endpoint; S3 computes the copy's CRC32C itself."""
+        source, source_key, key, size, crc32c = copy.source, copy.source_key, copy.key, copy.size, copy.crc32c
         if not isinstance(source, S3ObjectStore) or source.endpoint != self.endpoint:
             return False
         copy_source = {"Bucket": source.bucket, "Key": source._key(source_key)}
@@ -455,8 +448,7 @@ class S3ObjectStore:
                     )
                 ),
             )
-            if progress:
-                progress(size)
+            copy.copied(size)
             return True
         # A FULL_OBJECT checksum needs the whole object's CRC32C at completion: known, or composite.
         kind = {"ChecksumType": "FULL_OBJECT"} if crc32c else {}
@@ -486,8 +478,7 @@ class S3ObjectStore:
                     )
                 ),
             )["CopyPartResult"]
-            if progress:
-                progress(end + 1 - start)
+            copy.copied(end + 1 - start)
             part = {"PartNumber": number, "ETag": result["ETag"]}
             if result.get("ChecksumCRC32C"):
                 part["ChecksumCRC32C"] = result["ChecksumCRC32C"]
