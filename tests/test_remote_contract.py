@@ -20,7 +20,7 @@ from typing import Any, Callable
 import pytest
 
 from tests.cloud_helpers import FAST_RETRY, Cloud, unique
-from yogacache.backends.base import ObjectStore, RemoteError
+from yogacache.backends.base import ObjectChangedError, ObjectPin, ObjectStore, RemoteError
 from yogacache.backends.files import FileObjectStore
 from yogacache.backends.registry import open_backend
 from yogacache.store.lease import Lease
@@ -527,3 +527,107 @@ def test_a_shared_directory_adopts_a_handed_over_file_by_linking_and_copies_othe
     other = tmp_path / "bucket/a/other-filesystem.mdb"
     assert other.stat().st_ino != source.stat().st_ino and other.read_bytes() == source.read_bytes()
     assert [info.key for info in store.list("a/")] == ["a/adopted.mdb", "a/copied.mdb", "a/other-filesystem.mdb"]
+
+
+class TestPinnedReadsContract:
+    """What object sources read through (``PinnedObjectStore``): HEAD and LIST with the tokens that
+    pin a version, and reads conditional on them; identical for every backend."""
+
+    def test_head_of_missing_object_is_none(self, backend: Backend) -> None:
+        store: Any = backend.fresh()
+        assert store.head("nothing/here.bin") is None
+
+    def test_head_gives_size_and_a_pin_and_finds_that_version(self, backend: Backend) -> None:
+        store: Any = backend.fresh()
+        store.write("d/a.bin", b"0123456789")
+        pin = store.head("d/a.bin")
+        assert isinstance(pin, ObjectPin) and pin.key == "d/a.bin" and pin.size == 10
+        assert pin.etag or pin.generation is not None or pin.mtime_ns is not None
+        again = store.head("d/a.bin", version_id=pin.version_id, generation=pin.generation)
+        assert again is not None and (again.size, again.etag, again.generation) == (10, pin.etag, pin.generation)
+        store.write("d/a.bin", b"changed, longer")
+        changed = store.head("d/a.bin")
+        assert changed is not None and changed.size == 15
+        assert (changed.etag, changed.generation, changed.mtime_ns) != (pin.etag, pin.generation, pin.mtime_ns)
+
+    def test_head_and_list_count_their_requests(self, backend: Backend) -> None:
+        store: Any = backend.fresh()
+        store.write("d/a.bin", b"a")
+        before = store.metadata_requests
+        store.head("d/a.bin")
+        store.head("d/missing.bin")
+        store.list_page("d/")
+        # One per request; the directory backend sends none.
+        assert store.metadata_requests - before == (0 if backend.kind == "file" else 3)
+        assert isinstance(store.served_versions, dict)
+
+    def test_list_page_lists_a_plain_prefix_in_key_order_with_pins(self, backend: Backend) -> None:
+        store: Any = backend.fresh()
+        for key in ["d/b.bin", "d/a.bin", "d/ab.bin", "d/sub/c.bin", "e/x.bin"]:
+            store.write(key, key.encode())
+        page = store.list_page("d/")
+        assert [pin.key for pin in page.objects] == ["d/a.bin", "d/ab.bin", "d/b.bin", "d/sub/c.bin"]
+        assert not page.more and page.token is None
+        assert [pin.size for pin in page.objects] == [len(pin.key) for pin in page.objects]
+        assert all(pin == store.head(pin.key) for pin in page.objects)  # the pins HEAD gives
+        assert [pin.key for pin in store.list_page("d/a").objects] == ["d/a.bin", "d/ab.bin"]
+        assert store.list_page("f/").objects == []
+
+    def test_list_page_starts_at_a_key_and_pages_on(self, backend: Backend) -> None:
+        store: Any = backend.fresh()
+        keys = [f"d/{i:02d}.bin" for i in range(5)]
+        for key in keys:
+            store.write(key, b"x")
+        assert [pin.key for pin in store.list_page("d/", start_at="d/02.bin").objects] == keys[2:]
+        assert [pin.key for pin in store.list_page("d/", start_at="d/025").objects] == keys[3:]
+        first = store.list_page("d/", page_size=2)
+        assert [pin.key for pin in first.objects] == keys[:2] and first.more and first.token is not None
+        second = store.list_page("d/", page_size=2, token=first.token)
+        assert [pin.key for pin in second.objects] == keys[2:4] and second.more
+        third = store.list_page("d/", page_size=2, token=second.token)
+        assert [pin.key for pin in third.objects] == keys[4:] and not third.more
+        assert [pin.key for pin in store.list_pinned("d/")] == keys
+
+    def test_pinned_reads_return_the_bytes(self, backend: Backend) -> None:
+        store: Any = backend.fresh()
+        data = bytes(range(256)) * 40
+        store.write("obj.bin", data)
+        pin = store.head("obj.bin")
+        assert store.read_range(pin, 2, 5) == data[2:5]
+        assert store.read_range(pin, len(data) - 3, len(data)) == data[-3:]
+        stream = store.open_stream(pin)
+        try:
+            assert stream.read(10) == data[:10] and stream.read() == data[10:] and stream.read(1) == b""
+        finally:
+            stream.close()
+        ranged = store.open_ranged(pin)
+        try:
+            ranged.seek(-7, os.SEEK_END)
+            assert ranged.read() == data[-7:]
+            ranged.seek(100)
+            assert ranged.read(5) == data[100:105]
+        finally:
+            ranged.close()
+
+    def test_a_read_of_an_overwritten_object_fails(self, backend: Backend) -> None:
+        store: Any = backend.fresh()
+        store.write("obj.bin", b"first version")
+        pin = store.head("obj.bin")
+        store.write("obj.bin", b"the second version")
+        with pytest.raises(ObjectChangedError):
+            store.read_range(pin, 0, 5)
+        with pytest.raises(ObjectChangedError):
+            stream = store.open_stream(pin)
+            try:
+                stream.read()
+            finally:
+                stream.close()
+
+    def test_a_read_of_a_deleted_object_fails_as_deleted(self, backend: Backend) -> None:
+        store: Any = backend.fresh()
+        store.write("obj.bin", b"soon gone")
+        pin = store.head("obj.bin")
+        store.delete("obj.bin")
+        with pytest.raises(ObjectChangedError) as caught:
+            store.read_range(pin, 0, 4)
+        assert caught.value.deleted and "obj.bin" in str(caught.value)

@@ -57,6 +57,12 @@ class ObjectChangedError(RemoteError):
         super().__init__(message)
         self.deleted = deleted
 
+    @classmethod
+    def of(cls, url: str, pin: ObjectPin, *, deleted: bool) -> ObjectChangedError:
+        """The error for the object at ``url`` read as version ``pin``: gone, or another version."""
+        what = f"{url} ({pin.describe()}) is gone" if deleted else f"{url} is no longer {pin.describe()}"
+        return cls(what, deleted=deleted)
+
 
 class TransferCancelled(YogaCacheError):
     """A transfer was stopped because its batch failed or was interrupted; never retried."""
@@ -184,10 +190,12 @@ class ObjectPin:
 
 
 class PinnedPage(NamedTuple):
-    """One LIST page of ``list_page``: the objects in key order, and whether more follow."""
+    """One LIST page of ``list_page``: the objects in key order, whether more follow, and the
+    service's token for the next page (``list_page(..., token=page.token)``; None at the end)."""
 
     objects: list[ObjectPin]
     more: bool
+    token: Optional[str] = None
 
 
 class ObjectStore(Protocol):
@@ -265,14 +273,30 @@ class PinnedObjectStore(ObjectStore, Protocol):
         versioned bucket stays pinned by ETag)."""
         ...
 
-    def list_page(self, prefix: str, start_at: Optional[str] = None, page_size: int = LIST_PAGE) -> PinnedPage:
+    def list_page(
+        self, prefix: str, start_at: Optional[str] = None, page_size: int = LIST_PAGE, token: Optional[str] = None
+    ) -> PinnedPage:
         """One LIST request: up to ``page_size`` objects whose key starts with ``prefix`` (a plain
-        string prefix, not only a "directory"), from the key ``start_at`` on (inclusive; None: from
-        the first), in key order, each with its pin; and whether more follow. The next page starts
-        at the key after the last one returned. A key ending in ``/`` (a "directory marker") is
-        listed like any other; the caller skips it. The directory backend lists the regular
-        files under the directory ``prefix`` names (or lies in); symbolic links are no objects."""
+        string prefix, not only a "directory"), in key order, each with its pin; whether more
+        follow, and the token of the next page. ``token`` (a page's ``token``) continues a
+        listing; else it starts at the key ``start_at`` (inclusive; None: the first key). A
+        service that cannot start a listing at a key (Azure) may start before it and drop the
+        keys below ``start_at``: the page then holds fewer objects (maybe none, ``more`` still
+        True); a backend that can start there does. A key ending in ``/`` (a "directory
+        marker") is listed like any other; the caller skips it. The directory backend lists the
+        regular files under the directory that ``prefix`` names or lies in; symbolic links are
+        no objects."""
         ...
+
+    def list_pinned(self, prefix: str) -> list[ObjectPin]:
+        """Every object whose key starts with ``prefix``, with its pin: ``list_page`` after
+        ``list_page`` (one request per ``LIST_PAGE`` objects)."""
+        page = self.list_page(prefix)
+        found = list(page.objects)
+        while page.more and page.token is not None:
+            page = self.list_page(prefix, token=page.token)
+            found.extend(page.objects)
+        return found
 
     def read_range(self, pin: ObjectPin, start: int, stop: int) -> bytes:
         """Bytes ``start`` to ``stop`` (exclusive) of the version ``pin`` names, read conditionally

@@ -9,17 +9,24 @@ from __future__ import annotations
 import builtins
 import hashlib
 import os
+import posixpath
+import stat as stat_kinds
 import uuid
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Optional
+from typing import BinaryIO, Optional
 from urllib.parse import urlparse
 
 from yogacache.backends.base import (
     COPY_CHUNK_BYTES,
+    LIST_PAGE,
     CopyableObjectStore,
+    ObjectChangedError,
     ObjectChecksum,
     ObjectInfo,
+    ObjectPin,
+    PinnedObjectStore,
+    PinnedPage,
     ProgressCallback,
     ServerCopy,
     join_key,
@@ -34,11 +41,13 @@ def _token(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-class FileObjectStore(CopyableObjectStore):
+class FileObjectStore(CopyableObjectStore, PinnedObjectStore):
     """Objects as files under ``root`` (a local or shared filesystem)."""
 
     def __init__(self, root: Path | str) -> None:
         self.root = Path(root).absolute()
+        self.metadata_requests = 0
+        self.served_versions: dict[str, str] = {}  # size and mtime pin files: no version ids
 
     @classmethod
     def from_url(cls, url: str) -> FileObjectStore:
@@ -163,6 +172,65 @@ class FileObjectStore(CopyableObjectStore):
                     found.append(ObjectInfo(key=key, size=full.stat().st_size))
         return sorted(found, key=lambda info: info.key)
 
+    # -- pinned reads (the PinnedObjectStore primitives) ------------------------------------
+    # A file is pinned by its size and modification time; no request is counted (nothing is sent).
+    def _pin(self, key: str, stat: os.stat_result) -> ObjectPin:
+        return ObjectPin(key, stat.st_size, mtime_ns=stat.st_mtime_ns)
+
+    def head(
+        self, key: str, *, version_id: Optional[str] = None, generation: Optional[int] = None
+    ) -> Optional[ObjectPin]:
+        path = self._path(key)
+        try:
+            stat = path.stat()
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        return self._pin(key, stat) if path.is_file() else None
+
+    def list_page(
+        self, prefix: str, start_at: Optional[str] = None, page_size: int = LIST_PAGE, token: Optional[str] = None
+    ) -> PinnedPage:
+        """The regular files (not symbolic links) of the directory ``prefix`` names (ending in
+        ``/``) or lies in, whose key starts with ``prefix``; ``token`` is the next page's first key."""
+        start_at = token if token is not None else start_at
+        directory = self._path(prefix if prefix.endswith("/") else posixpath.dirname(prefix))
+        found: builtins.list[ObjectPin] = []
+        for folder, subdirs, files in os.walk(directory):
+            subdirs.sort()
+            for name in files:
+                path = Path(folder) / name
+                key = path.relative_to(self.root).as_posix()
+                if key.startswith(prefix) and (start_at is None or key >= start_at):
+                    stat = path.lstat()
+                    if stat_is_file(stat):
+                        found.append(self._pin(key, stat))
+        found.sort(key=lambda pin: pin.key)
+        more = len(found) > page_size
+        return PinnedPage(found[:page_size], more, found[page_size].key if more else None)
+
+    def read_range(self, pin: ObjectPin, start: int, stop: int) -> bytes:
+        with self._open_pinned(pin) as handle:
+            handle.seek(start)
+            return handle.read(stop - start)
+
+    def open_stream(self, pin: ObjectPin) -> BinaryIO:
+        return self._open_pinned(pin)
+
+    def open_ranged(self, pin: ObjectPin) -> BinaryIO:
+        return self._open_pinned(pin)
+
+    def _open_pinned(self, pin: ObjectPin) -> BinaryIO:
+        """The file, open, if it still has the size and modification time of ``pin``."""
+        try:
+            handle = open(self._path(pin.key), "rb")
+        except FileNotFoundError:
+            raise ObjectChangedError.of(self.url(pin.key), pin, deleted=True) from None
+        now = os.fstat(handle.fileno())
+        if now.st_size != pin.size or (pin.mtime_ns is not None and now.st_mtime_ns != pin.mtime_ns):
+            handle.close()
+            raise ObjectChangedError.of(self.url(pin.key), pin, deleted=False)
+        return handle
+
     # -- copies (the CopyableObjectStore primitives) ---------------------------------------
     def checksum(self, key: str) -> Optional[ObjectChecksum]:
         """A directory keeps no checksums: the file is read to compute its CRC32C."""
@@ -209,6 +277,11 @@ class FileObjectStore(CopyableObjectStore):
     def copy_server_side(self, copy: ServerCopy) -> bool:
         """Never server-side: a directory's bytes pass through this process anyway."""
         return False
+
+
+def stat_is_file(stat: os.stat_result) -> bool:
+    """A regular file (``lstat``: a symbolic link is not one)."""
+    return stat_kinds.S_ISREG(stat.st_mode)
 
 
 def _hard_link(source: Path, target: Path) -> bool:

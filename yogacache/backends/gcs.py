@@ -15,9 +15,14 @@ from typing import Any, Optional
 from yogacache.backends.base import (
     COPY_CHUNK_BYTES,
     DEFAULT_TRANSFER_THREADS,
+    LIST_PAGE,
     CopyableObjectStore,
+    ObjectChangedError,
     ObjectChecksum,
     ObjectInfo,
+    ObjectPin,
+    PinnedObjectStore,
+    PinnedPage,
     ProgressCallback,
     RemoteError,
     RetryPolicy,
@@ -94,7 +99,7 @@ class _CountingWriter(io.RawIOBase):
         return written
 
 
-class GCSObjectStore(CopyableObjectStore):
+class GCSObjectStore(CopyableObjectStore, PinnedObjectStore):
     """Objects under ``gs://bucket/prefix``."""
 
     def __init__(
@@ -124,6 +129,8 @@ class GCSObjectStore(CopyableObjectStore):
             http.mount("https://", pool)
             http.mount("http://", pool)
         self._bucket = self._client.bucket(bucket)
+        self.metadata_requests = 0
+        self.served_versions: dict[str, str] = {}  # generations pin reads: no version ids
 
     @classmethod
     def from_url(cls, url: str, *, retry: RetryPolicy = RetryPolicy()) -> GCSObjectStore:
@@ -256,6 +263,71 @@ class GCSObjectStore(CopyableObjectStore):
             ]
 
         return self._run("LIST", prefix, call)
+
+    # -- pinned reads (the PinnedObjectStore primitives) ------------------------------------
+    def _pin(self, blob: Any) -> ObjectPin:
+        key = blob.name[len(self.prefix) + 1 :] if self.prefix else blob.name
+        return ObjectPin(key, int(blob.size or 0), blob.etag, None, int(blob.generation))
+
+    def head(
+        self, key: str, *, version_id: Optional[str] = None, generation: Optional[int] = None
+    ) -> Optional[ObjectPin]:
+        def call() -> Optional[ObjectPin]:
+            self.metadata_requests += 1
+            try:
+                blob = self._bucket.get_blob(
+                    join_key(self.prefix, key), generation=generation, retry=None, timeout=self.timeout
+                )
+            except gexc.NotFound:
+                return None
+            return None if blob is None else self._pin(blob)
+
+        return self._run("HEAD", key, call)  # type: ignore[no-any-return]
+
+    def list_page(
+        self, prefix: str, start_at: Optional[str] = None, page_size: int = LIST_PAGE, token: Optional[str] = None
+    ) -> PinnedPage:
+        """One page from ``startOffset`` (or ``pageToken``)."""
+        under = f"{self.prefix}/" if self.prefix else ""
+        offset = {"start_offset": under + start_at} if start_at else {}
+        if token is not None:
+            offset = {"page_token": token}
+
+        def call() -> PinnedPage:
+            self.metadata_requests += 1
+            blobs = self._client.list_blobs(
+                self.bucket_name, prefix=under + prefix, page_size=page_size, retry=None, timeout=self.timeout,
+                **offset,
+            )
+            page = next(iter(blobs.pages), None)
+            following = blobs.next_page_token or None
+            return PinnedPage([self._pin(blob) for blob in page or []], following is not None, following)
+
+        return self._run("LIST", prefix, call)  # type: ignore[no-any-return]
+
+    def read_range(self, pin: ObjectPin, start: int, stop: int) -> bytes:
+        """A ranged read of ``pin``'s generation, ``ifGenerationMatch`` it (fake-gcs-server ignores
+        the condition on reads but drops old generations: a read of a replaced one is 404)."""
+        blob = self._bucket.blob(join_key(self.prefix, pin.key), generation=pin.generation)
+
+        def call() -> bytes:
+            try:
+                return bytes(
+                    blob.download_as_bytes(
+                        start=start,
+                        end=stop - 1,
+                        if_generation_match=pin.generation,
+                        checksum=None,
+                        retry=None,
+                        timeout=self.timeout,
+                    )
+                )
+            except gexc.PreconditionFailed:
+                raise ObjectChangedError.of(self.url(pin.key), pin, deleted=False) from None
+            except gexc.NotFound:
+                raise ObjectChangedError.of(self.url(pin.key), pin, deleted=True) from None
+
+        return self._run("GET", pin.key, call)  # type: ignore[no-any-return]
 
     # -- copies (the CopyableObjectStore primitives) ---------------------------------------
     def checksum(self, key: str) -> Optional[ObjectChecksum]:

@@ -8,14 +8,19 @@ import threading
 from collections.abc import Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, BinaryIO, Optional
 
 from yogacache.backends.base import (
     COPY_CHUNK_BYTES,
     DEFAULT_TRANSFER_THREADS,
+    LIST_PAGE,
     CopyableObjectStore,
+    ObjectChangedError,
     ObjectChecksum,
     ObjectInfo,
+    ObjectPin,
+    PinnedObjectStore,
+    PinnedPage,
     ProgressCallback,
     RemoteError,
     RetryPolicy,
@@ -63,7 +68,7 @@ def _is_transient(error: BaseException) -> bool:
     return _code(error) not in _ABSENT | _PRECONDITION | _BAD_CREDENTIALS | {"NoSuchBucket", "InvalidBucketName"}
 
 
-class S3ObjectStore(CopyableObjectStore):
+class S3ObjectStore(CopyableObjectStore, PinnedObjectStore):
     """Objects under ``s3://bucket/prefix``. Credentials come from the standard AWS chain unless given."""
 
     def __init__(
@@ -101,6 +106,8 @@ class S3ObjectStore(CopyableObjectStore):
             config=config,
         )
         self.endpoint = str(self._client.meta.endpoint_url)
+        self.metadata_requests = 0
+        self.served_versions: dict[str, str] = {}
         self._transfer = TransferConfig(
             multipart_threshold=multipart_bytes,
             multipart_chunksize=multipart_bytes,
@@ -258,6 +265,99 @@ class S3ObjectStore(CopyableObjectStore):
             return found
 
         return self._run("LIST", prefix, call)
+
+    # -- pinned reads (the PinnedObjectStore primitives) ------------------------------------
+    def _pin(self, key: str, size: Any, etag: Optional[str], version_id: Optional[str] = None) -> ObjectPin:
+        return ObjectPin(key, int(size), etag.strip('"') if etag else etag, version_id)
+
+    def head(
+        self, key: str, *, version_id: Optional[str] = None, generation: Optional[int] = None
+    ) -> Optional[ObjectPin]:
+        extra = {"VersionId": version_id} if version_id else {}
+
+        def call() -> Optional[ObjectPin]:
+            self.metadata_requests += 1
+            try:
+                answer = self._client.head_object(Bucket=self.bucket, Key=self._key(key), **extra)
+            except botocore.exceptions.ClientError as error:
+                # 400: a version id this bucket cannot have.
+                if _code(error) in _ABSENT | {"NoSuchVersion", "400"}:
+                    return None
+                raise
+            return self._pin(key, answer["ContentLength"], answer.get("ETag"),
+                             answer.get("VersionId") if version_id else None)
+
+        return self._run("HEAD", key, call)  # type: ignore[no-any-return]
+
+    def list_page(
+        self, prefix: str, start_at: Optional[str] = None, page_size: int = LIST_PAGE, token: Optional[str] = None
+    ) -> PinnedPage:
+        """S3 lists *after* a key: the page starts after ``start_at`` less its last character, and
+        the few keys between that and ``start_at`` are dropped here."""
+        first = self._listed_key(start_at) if start_at and token is None else ""
+        extra = {"StartAfter": first[:-1]} if len(first) > 1 else {}
+        if token is not None:
+            extra["ContinuationToken"] = token
+
+        def call() -> PinnedPage:
+            self.metadata_requests += 1
+            page = self._client.list_objects_v2(
+                Bucket=self.bucket, Prefix=self._listed_key(prefix), MaxKeys=page_size, **extra
+            )
+            found = [
+                self._pin(item["Key"][self._strip:], item["Size"], item.get("ETag"))
+                for item in page.get("Contents", [])
+                if item["Key"] >= first
+            ]
+            more = bool(page.get("IsTruncated"))
+            return PinnedPage(found, more, page.get("NextContinuationToken") if more else None)
+
+        return self._run("LIST", prefix, call)  # type: ignore[no-any-return]
+
+    def _listed_key(self, key: str) -> str:
+        """``key`` under the store's prefix, as a plain string prefix (a trailing ``/`` kept)."""
+        return f"{self.prefix}/{key}" if self.prefix else key
+
+    @property
+    def _strip(self) -> int:
+        return len(self.prefix) + 1 if self.prefix else 0
+
+    def _get_pinned(self, pin: ObjectPin, **extra: Any) -> Any:
+        """GetObject conditional on ``pin`` (``IfMatch``, ``VersionId``); records the version served."""
+        if pin.etag:
+            extra["IfMatch"] = f'"{pin.etag}"'
+        if pin.version_id:
+            extra["VersionId"] = pin.version_id
+
+        def call() -> Any:
+            try:
+                return self._client.get_object(Bucket=self.bucket, Key=self._key(pin.key), **extra)
+            except botocore.exceptions.ClientError as error:
+                if _code(error) in _PRECONDITION:
+                    raise ObjectChangedError.of(self.url(pin.key), pin, deleted=False) from None
+                if _code(error) in _ABSENT | {"NoSuchVersion"}:
+                    raise ObjectChangedError.of(self.url(pin.key), pin, deleted=True) from None
+                raise
+
+        answer = self._run("GET", pin.key, call)
+        if answer.get("VersionId") and answer["VersionId"] != "null":  # a versioned bucket
+            self.served_versions[pin.key] = answer["VersionId"]
+        return answer
+
+    def read_range(self, pin: ObjectPin, start: int, stop: int) -> bytes:
+        body = self._get_pinned(pin, Range=f"bytes={start}-{stop - 1}")["Body"]
+        return self._read_body(pin.key, body, -1)
+
+    def open_stream(self, pin: ObjectPin) -> BinaryIO:
+        """One GET of the whole object, read as it arrives."""
+        return _Body(self, pin.key, self._get_pinned(pin)["Body"])  # type: ignore[return-value]
+
+    def _read_body(self, key: str, body: Any, size: int) -> bytes:
+        try:
+            return bytes(body.read(None if size < 0 else size))
+        except (botocore.exceptions.BotoCoreError, OSError) as error:  # a cut or short body
+            raise RemoteError(f"reading {self.url(key)} failed part-way: {self._describe(error)}",
+                              self._describe(error)) from None
 
     # -- copies (the CopyableObjectStore primitives) ---------------------------------------
     # Objects up to this size are copied with one CopyObject; larger ones with UploadPartCopy
@@ -504,6 +604,21 @@ class S3ObjectStore(CopyableObjectStore):
             self._abort(key, upload_id)
             raise
         return True
+
+
+class _Body:
+    """A GetObject body as a forward-only file whose transport errors are RemoteError."""
+
+    def __init__(self, store: S3ObjectStore, key: str, body: Any) -> None:
+        self._store = store
+        self._key = key
+        self._body = body
+
+    def read(self, size: int = -1) -> bytes:
+        return self._store._read_body(self._key, self._body, size)
+
+    def close(self) -> None:
+        self._body.close()
 
 
 class _DaemonExecutor:
