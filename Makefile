@@ -23,7 +23,12 @@ $(VENV)/.installed-dev: $(VENV)/.installed
 demo: $(VENV)/.installed
 	$(PY) examples/quickstart.py
 
-test: $(VENV)/.installed-dev
+# Azurite, Azure's storage emulator, for the Azure backend's tests (Node 20 and npm).
+$(VENV)/azurite/.installed: $(VENV)/bin/python
+	npm install --prefix $(VENV)/azurite azurite@3 --no-audit --no-fund --loglevel=error
+	touch $@
+
+test: $(VENV)/.installed-dev $(VENV)/azurite/.installed
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 # Layers (import-linter contracts in pyproject.toml), style and types: run by .ci/run before the tests.

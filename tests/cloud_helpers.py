@@ -149,6 +149,12 @@ class HttpRequests:
                     self.sent.append(f"{response.request.method} {url}")
 
             store._client._http.hooks["response"].append(on_response)
+        elif type(store).__name__ == "AzureObjectStore":
+
+            def on_azure_response(response: Any, *args: Any, **kwargs: Any) -> None:
+                self.sent.append(f"{response.request.method} {response.request.url}")
+
+            store._service._config.transport.session.hooks["response"].append(on_azure_response)
         else:  # pragma: no cover - only cloud stores are counted
             raise TypeError(store)
         return self
@@ -156,7 +162,8 @@ class HttpRequests:
 
 # -- object stores on the test servers ------------------------------------------------------
 class Cloud:
-    """One kind of cloud (s3 or gcs) on its test server: fresh buckets and stores on them."""
+    """One kind of cloud (s3, gcs or azure) on its test server: fresh buckets (Azure: containers)
+    and stores on them."""
 
     def __init__(self, kind: str, server: Any) -> None:
         self.kind = kind
@@ -173,6 +180,10 @@ class Cloud:
             from yogacache.backends.s3 import S3ObjectStore
 
             return S3ObjectStore(bucket, prefix, endpoint_url=self.server.endpoint_url, retry=retry)
+        if self.kind == "azure":
+            from yogacache.backends.azure import AzureObjectStore
+
+            return AzureObjectStore(bucket, prefix, connection_string=self.server.connection_string, retry=retry)
         from yogacache.backends.gcs import GCSObjectStore
 
         return GCSObjectStore(bucket, prefix, retry=retry)  # STORAGE_EMULATOR_HOST is set
@@ -185,23 +196,31 @@ class Cloud:
             for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket):
                 keys += [item["Key"] for item in page.get("Contents", [])]
             return sorted(keys)
+        if self.kind == "azure":
+            return sorted(blob.name for blob in self.server.client().get_container_client(bucket).list_blobs())
         return sorted(blob.name for blob in self.server.client().list_blobs(bucket))
 
     def raw_get(self, bucket: str, key: str) -> bytes:
         if self.kind == "s3":
             return self.server.client().get_object(Bucket=bucket, Key=key)["Body"].read()
+        if self.kind == "azure":
+            return bytes(self.server.client().get_blob_client(bucket, key).download_blob().readall())
         return self.server.client().bucket(bucket).blob(key).download_as_bytes()
 
     def raw_put(self, bucket: str, key: str, data: bytes) -> None:
         """Overwrites an object unconditionally with the server's own client."""
         if self.kind == "s3":
             self.server.client().put_object(Bucket=bucket, Key=key, Body=data)
+        elif self.kind == "azure":
+            self.server.client().get_blob_client(bucket, key).upload_blob(data, overwrite=True)
         else:
             self.server.client().bucket(bucket).blob(key).upload_from_string(data)
 
     def raw_delete(self, bucket: str, key: str) -> None:
         if self.kind == "s3":
             self.server.client().delete_object(Bucket=bucket, Key=key)
+        elif self.kind == "azure":
+            self.server.client().get_blob_client(bucket, key).delete_blob()
         else:
             self.server.client().bucket(bucket).blob(key).delete()
 
@@ -215,6 +234,14 @@ class Cloud:
                 "endpoint_url": self.server.endpoint_url,
                 "access_key": self.server.access_key,
                 "secret_key": self.server.secret_key,
+                **extra,
+            }
+        if self.kind == "azure":
+            return {
+                "type": "azure",
+                "bucket": bucket,
+                "bucket_directory_path": prefix,
+                "connection_string": self.server.connection_string,
                 **extra,
             }
         return {"type": "gcs", "bucket": bucket, "bucket_directory_path": prefix, **extra}

@@ -175,3 +175,69 @@ def gcs_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GCSServer]:
             os.environ.pop("STORAGE_EMULATOR_HOST", None)
         else:
             os.environ["STORAGE_EMULATOR_HOST"] = saved
+
+
+# The well-known account of Azure's storage emulator (public, documented by Microsoft).
+AZURITE_ACCOUNT = "devstoreaccount1"
+AZURITE_KEY = "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
+AZURITE_BINARY = Path(__file__).resolve().parent.parent / ".venv" / "azurite" / "node_modules" / ".bin" / "azurite-blob"
+
+
+@dataclass(frozen=True)
+class AzureServer:
+    account_url: str
+
+    @property
+    def connection_string(self) -> str:
+        return (
+            f"DefaultEndpointsProtocol=http;AccountName={AZURITE_ACCOUNT};"
+            f"AccountKey={AZURITE_KEY};BlobEndpoint={self.account_url};"
+        )
+
+    def client(self):  # type: ignore[no-untyped-def]
+        from azure.storage.blob import BlobServiceClient
+
+        return BlobServiceClient.from_connection_string(self.connection_string)
+
+    def new_bucket(self) -> str:
+        name = f"container-{uuid.uuid4().hex[:12]}"
+        self.client().create_container(name)
+        return name
+
+
+@pytest.fixture(scope="session")
+def azure_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AzureServer]:
+    """Azurite, Azure's storage emulator (installed into the venv by ``make test``), on a free
+    port; ``AZURE_STORAGE_CONNECTION_STRING`` names it for the session."""
+    binary = Path(os.environ.get("AZURITE_BLOB", AZURITE_BINARY))
+    if not binary.exists():
+        raise RuntimeError(f"Azurite is not installed at {binary}: run 'make test' (it installs it with npm)")
+    port = free_port()
+    workspace = tmp_path_factory.mktemp("azurite")
+    log = workspace / "server.log"
+    with open(log, "wb") as out:
+        process = subprocess.Popen(
+            [
+                str(binary),
+                "--blobHost", "127.0.0.1",
+                "--blobPort", str(port),
+                "--location", str(workspace / "data"),
+                "--silent",
+                "--skipApiVersionCheck",
+                "--disableTelemetry",
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    server = AzureServer(f"http://127.0.0.1:{port}/{AZURITE_ACCOUNT}")
+    saved = os.environ.get("AZURE_STORAGE_CONNECTION_STRING")
+    os.environ["AZURE_STORAGE_CONNECTION_STRING"] = server.connection_string
+    try:
+        wait_for_http(server.account_url + "?comp=list", process, log)
+        yield server
+    finally:
+        stop(process)
+        if saved is None:
+            os.environ.pop("AZURE_STORAGE_CONNECTION_STRING", None)
+        else:
+            os.environ["AZURE_STORAGE_CONNECTION_STRING"] = saved

@@ -40,16 +40,16 @@ class Backend:
         return self.make(unique("prefix"))
 
 
-@pytest.fixture(params=["file", "s3", "gcs"])
+@pytest.fixture(params=["file", "s3", "gcs", "azure"])
 def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
     kind = request.param
     if kind == "file":
         root = tmp_path / "objects"
         return Backend(kind, lambda prefix: FileObjectStore(root / prefix), True)
-    server = request.getfixturevalue("s3_server" if kind == "s3" else "gcs_server")
+    server = request.getfixturevalue(f"{kind}_server")
     cloud = Cloud(kind, server)
     bucket = cloud.new_bucket()
-    return Backend(kind, lambda prefix: cloud.store(bucket, prefix), kind == "s3")
+    return Backend(kind, lambda prefix: cloud.store(bucket, prefix), kind != "gcs")
 
 
 class TestObjectStoreContract:
@@ -245,17 +245,17 @@ class TestObjectStoreContract:
     def test_url_names_the_location_without_secrets(self, backend: Backend) -> None:
         store = backend.fresh()
         url = store.url("a/b")
-        scheme = {"file": "file://", "s3": "s3://", "gcs": "gs://"}[backend.kind]
+        scheme = {"file": "file://", "s3": "s3://", "gcs": "gs://", "azure": "az://"}[backend.kind]
         assert url.startswith(scheme) and url.endswith("a/b")
         assert "secret" not in url.lower() and "secret" not in repr(store).lower()
 
 
-@pytest.mark.parametrize("kind", ["file", "s3"])
+@pytest.mark.parametrize("kind", ["file", "s3", "azure"])
 def test_empty_object_round_trip(kind: str, request: pytest.FixtureRequest, tmp_path: Path) -> None:
     if kind == "file":
         store: Any = FileObjectStore(tmp_path / "objects")
     else:
-        cloud = Cloud(kind, request.getfixturevalue("s3_server"))
+        cloud = Cloud(kind, request.getfixturevalue(f"{kind}_server"))
         store = cloud.store(cloud.new_bucket(), "p")
     token = store.write("empty", b"")
     assert store.read("empty") == (b"", token)
@@ -292,7 +292,7 @@ def test_missing_s3_bucket_is_an_error_not_an_absent_object(s3_server: Any) -> N
     assert "bucket" in str(raised.value)
 
 
-@pytest.mark.parametrize("kind", ["s3", "gcs"])
+@pytest.mark.parametrize("kind", ["s3", "gcs", "azure"])
 def test_conditional_create_in_a_missing_bucket_is_an_error(kind: str, request: pytest.FixtureRequest) -> None:
     """A create-if-absent cannot fail its precondition with a 404 (absence IS the precondition):
     a 404 there means the bucket is missing, which must be an error, never "someone else holds
@@ -458,7 +458,7 @@ def test_lease_release_does_not_need_conditional_delete(gcs_server: Any) -> None
     assert after.expires_at > time.time()
 
 
-@pytest.mark.parametrize("kind", ["file", "s3", "gcs"])
+@pytest.mark.parametrize("kind", ["file", "s3", "gcs", "azure"])
 def test_exactly_one_contender_takes_over_a_stale_lease(
     kind: str, request: pytest.FixtureRequest, tmp_path: Path
 ) -> None:

@@ -1,5 +1,6 @@
-"""One contract for every Store: the local store, and the remote store over the directory, S3 and
-GCS backends (moto's server and fake-gcs-server on 127.0.0.1), all built by ``open_store``.
+"""One contract for every Store: the local store, and the remote store over the directory, S3,
+GCS and Azure backends (moto's server, fake-gcs-server and Azurite on 127.0.0.1), all built by
+``open_store``.
 
 Each test runs against each store kind. Remote stores are "nodes": several stores share one
 published location, each with its own node-local root, as separate machines would.
@@ -15,11 +16,12 @@ from typing import Any, Callable, Generic, Protocol
 import numpy as np
 import pytest
 
+from tests.cloud_helpers import Cloud
 from yogacache.errors import CacheNotFoundError, ConfigError, CorruptCacheError, InvalidNameError
 from yogacache.store import CacheEntry, Store, open_store
 from yogacache.store.base import RemoteStore
 
-KINDS = ["local", "remote-directory", "remote-s3", "remote-gcs"]
+KINDS = ["local", "remote-directory", "remote-s3", "remote-gcs", "remote-azure"]
 Nodes = Callable[[str], Store]
 
 
@@ -51,6 +53,9 @@ def nodes(request: pytest.FixtureRequest, tmp_path: Path) -> Nodes:
             "access_key": server.access_key,
             "secret_key": server.secret_key,
         }
+    elif kind == "remote-azure":
+        server = request.getfixturevalue("azure_server")
+        target = Cloud("azure", server).config(server.new_bucket(), prefix)
     else:
         server = request.getfixturevalue("gcs_server")
         target = {"type": "gcs", "bucket": server.new_bucket(), "bucket_directory_path": prefix}

@@ -111,15 +111,35 @@ class GCSConfig(_CloudConfig):
     scheme = "gs"
 
 
-StorageConfig = Union[SharedFSConfig, S3Config, GCSConfig]
-_TYPES: dict[str, type] = {"shared_fs": SharedFSConfig, "s3": S3Config, "gcs": GCSConfig}
+@dataclass(frozen=True)
+class AzureConfig(_CloudConfig):
+    """``{"type": "azure", "bucket": container, "bucket_directory_path", ...}``: the account from
+    ``connection_string`` or ``account_url`` (+ ``credential``: a key or SAS token), else from the
+    ``AZURE_STORAGE_*`` variables; secrets never appear in repr."""
+
+    connection_string: Optional[str] = field(default=None, repr=False)
+    account_url: Optional[str] = None
+    credential: Optional[str] = field(default=None, repr=False)
+
+    scheme = "az"
+
+    def backend_options(self) -> dict[str, Any]:
+        return {
+            "connection_string": self.connection_string,
+            "account_url": self.account_url,
+            "credential": self.credential,
+        }
+
+
+StorageConfig = Union[SharedFSConfig, S3Config, GCSConfig, AzureConfig]
+_TYPES: dict[str, type] = {"shared_fs": SharedFSConfig, "s3": S3Config, "gcs": GCSConfig, "azure": AzureConfig}
 
 
 def parse_config(raw: Union[Mapping[str, Any], StorageConfig, None]) -> Optional[StorageConfig]:
     """Validates a ``data_layer`` dict (``None`` means the local default)."""
     if raw is None:
         return None
-    if isinstance(raw, (SharedFSConfig, S3Config, GCSConfig)):
+    if isinstance(raw, (SharedFSConfig, S3Config, GCSConfig, AzureConfig)):
         return raw
     if not isinstance(raw, Mapping):
         raise ConfigError(f"data_layer config must be a mapping, got {type(raw).__name__}")
@@ -158,6 +178,13 @@ def parse_config(raw: Union[Mapping[str, Any], StorageConfig, None]) -> Optional
             access_key=_optional_str(raw, "access_key"),
             secret_key=_optional_str(raw, "secret_key"),
             endpoint_url=_optional_str(raw, "endpoint_url"),
+        )
+    if cls is AzureConfig:
+        return AzureConfig(
+            **common,
+            connection_string=_optional_str(raw, "connection_string"),
+            account_url=_optional_str(raw, "account_url"),
+            credential=_optional_str(raw, "credential"),
         )
     return GCSConfig(**common)
 

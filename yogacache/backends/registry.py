@@ -29,8 +29,9 @@ BACKENDS: dict[str, BackendEntry] = {
     "file": BackendEntry("yogacache.backends.files:FileObjectStore"),
     "s3": BackendEntry("yogacache.backends.s3:S3ObjectStore", "pip install 'yogacache[s3]'"),
     "gs": BackendEntry("yogacache.backends.gcs:GCSObjectStore", "pip install 'yogacache[gcs]'"),
+    "az": BackendEntry("yogacache.backends.azure:AzureObjectStore", "pip install 'yogacache[azure]'"),
 }
-ALIASES = {"gcs": "gs"}
+ALIASES = {"gcs": "gs", "azure": "az", "abfs": "az", "abfss": "az"}
 
 
 def backend_class(scheme: str) -> type:
