@@ -190,9 +190,17 @@ class FileObjectStore(CopyableObjectStore, PinnedObjectStore):
     def list_page(
         self, prefix: str, start_at: Optional[str] = None, page_size: int = LIST_PAGE, token: Optional[str] = None
     ) -> PinnedPage:
+        """``token`` is the next page's first key."""
+        found = self._pins(prefix, token if token is not None else start_at)
+        more = len(found) > page_size
+        return PinnedPage(found[:page_size], more, found[page_size].key if more else None)
+
+    def list_pinned(self, prefix: str) -> builtins.list[ObjectPin]:
+        return self._pins(prefix, None)  # one walk of the directory, not one per page
+
+    def _pins(self, prefix: str, start_at: Optional[str]) -> builtins.list[ObjectPin]:
         """The regular files (not symbolic links) of the directory ``prefix`` names (ending in
-        ``/``) or lies in, whose key starts with ``prefix``; ``token`` is the next page's first key."""
-        start_at = token if token is not None else start_at
+        ``/``) or lies in whose key starts with ``prefix``, from ``start_at`` on, in key order."""
         directory = self._path(prefix if prefix.endswith("/") else posixpath.dirname(prefix))
         found: builtins.list[ObjectPin] = []
         for folder, subdirs, files in os.walk(directory):
@@ -204,9 +212,7 @@ class FileObjectStore(CopyableObjectStore, PinnedObjectStore):
                     stat = path.lstat()
                     if stat_is_file(stat):
                         found.append(self._pin(key, stat))
-        found.sort(key=lambda pin: pin.key)
-        more = len(found) > page_size
-        return PinnedPage(found[:page_size], more, found[page_size].key if more else None)
+        return sorted(found, key=lambda pin: pin.key)
 
     def read_range(self, pin: ObjectPin, start: int, stop: int) -> bytes:
         with self._open_pinned(pin) as handle:

@@ -9,6 +9,7 @@ tests.
 from __future__ import annotations
 
 import importlib
+import inspect
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlparse
@@ -64,3 +65,11 @@ def open_backend(url: str, **options: Any) -> ObjectStore:
         return cls.from_url(url, **given)  # type: ignore[attr-defined,no-any-return]
     except TypeError as error:
         raise ConfigError(f"{scheme}:// storage does not take these settings: {sorted(given)}") from error
+
+
+def backend_settings(scheme: str) -> frozenset[str]:
+    """The settings the backend for ``scheme`` takes (its ``from_url``'s keyword arguments:
+    ``endpoint_url``, ``retry``, ...), so that a caller with a setting meant for some backends
+    (an object source's ``endpoint_url``) hands it only to those."""
+    parameters = inspect.signature(backend_class(scheme).from_url).parameters  # type: ignore[attr-defined]
+    return frozenset(name for name, parameter in parameters.items() if parameter.kind is parameter.KEYWORD_ONLY)

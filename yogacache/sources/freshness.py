@@ -19,11 +19,12 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
+from yogacache.backends.base import LIST_PAGE
 from yogacache.errors import CacheNotFoundError
 from yogacache.format.manifest import Manifest
 from yogacache.read.reader import CacheReader
 from yogacache.sources.errors import SourceChangedError
-from yogacache.sources.objects import LIST_PAGE, Accessors, ObjectAccess, ObjectRef, ref_from_pin
+from yogacache.sources.objects import Accessors, ObjectRef, SourceStorage, ref_from_pin
 from yogacache.sources.source import SOURCES_EXTRA_KEY, check_policy
 from yogacache.sources.urls import Location, parse_location
 from yogacache.store.base import Store
@@ -68,7 +69,7 @@ def check_pins(pins: dict[str, Any], access: Optional[Accessors] = None) -> Sour
         groups.setdefault((ref.location.scheme, ref.location.bucket), []).append(ref)
     prefixes = [parse_location(str(url)) for url in pins.get("prefixes", [])]
     for (scheme, bucket), members in groups.items():
-        storage = access(scheme)
+        storage = access(members[0].location)
         covering = _outermost([p for p in prefixes if p.scheme == scheme and p.bucket == bucket and scheme != "file"])
         current: dict[str, Optional[ObjectRef]] = {}
         by_head = [ref for ref in members if ref.url in fixed]
@@ -112,7 +113,7 @@ def _outermost(prefixes: list[Location]) -> list[Location]:
     return [Location(prefixes[0].scheme, prefixes[0].bucket, key) for key in kept] if kept else []
 
 
-def _walk(storage: ObjectAccess, scheme: str, bucket: str,
+def _walk(storage: SourceStorage, scheme: str, bucket: str,
           refs: list[ObjectRef]) -> tuple[dict[str, Optional[ObjectRef]], list[ObjectRef]]:
     """The pinned objects ``refs`` as they are now (None: deleted), found by LIST pages of their
     common prefix, each starting at the first pinned key not yet seen: a page settles every

@@ -166,7 +166,7 @@ class ObjectSource:
         return location.key == "" or location.key.endswith("/")
 
     def _list_prefix(self, location: Location) -> list[ObjectRef]:
-        refs = [ref for ref in self.access(location.scheme).list(location) if not ref.name.endswith("/")]
+        refs = [ref for ref in self.access(location).list(location) if not ref.name.endswith("/")]
         self._prefixes.append(location.url)
         return refs
 
@@ -178,7 +178,7 @@ class ObjectSource:
             groups.setdefault((location.scheme, location.bucket), []).append(location)
         listed: dict[str, list[ObjectRef]] = {}
         for (scheme, bucket), locations in groups.items():
-            access = self.access(scheme)
+            access = self.access(locations[0])
             if len(locations) > 1 and scheme != "file":
                 prefix = posixpath.commonprefix([location.key for location in locations])
                 for ref in access.list(Location(scheme, bucket, prefix)):
@@ -327,8 +327,8 @@ class ObjectSource:
         """The S3 VersionIds that the build's reads were served (versioned buckets only), here or
         in the build shards of a parallel build (``merge_shard_extra``)."""
         seen: dict[str, str] = dict(self._shard_versions)
-        for access in self.access.all():
-            seen.update(getattr(access, "versions", {}))
+        for storage in self.access.all():
+            seen.update(storage.versions)
         return seen
 
     @property
@@ -462,7 +462,7 @@ class ObjectSource:
             self._format_of(refs[index]) in ("webdataset", "archive")
         ):
             ref = refs[index]
-            opened[index] = ReadAhead(self.access(ref.location.scheme).open_stream(ref))
+            opened[index] = ReadAhead(self.access(ref.location).open_stream(ref))
 
     def _field_names(self, fmt: str) -> Callable[[list[str]], None]:
         """Fixes the field set from a zip's central directory, before its first record."""
@@ -483,7 +483,7 @@ class ObjectSource:
     def _samples(self, ref: ObjectRef, where: str, budget: ByteBudget, on_bytes: Callable[[int], None],
                  opened: Optional[ReadAhead] = None) -> Iterator[dict[str, Any]]:
         fmt = self._format_of(ref)
-        access = self.access(ref.location.scheme)
+        access = self.access(ref.location)
         if fmt in ("files", "imagefolder"):
             yield self._file_record(ref, where, budget, on_bytes, fmt)
             return
@@ -527,7 +527,7 @@ class ObjectSource:
         return record
 
     def _read_whole(self, ref: ObjectRef) -> bytes:
-        stream = self.access(ref.location.scheme).open_stream(ref)
+        stream = self.access(ref.location).open_stream(ref)
         try:
             return bytes(stream.read(-1))
         finally:

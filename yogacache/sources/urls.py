@@ -1,4 +1,8 @@
-"""Source URLs: brace expansion (``train-{000000..000146}.tar``) and splitting into scheme, bucket, key."""
+"""Source URLs: brace expansion (``train-{000000..000146}.tar``) and splitting into scheme, bucket, key.
+
+The schemes are the backend registry's (``backends.registry``), aliases included: a backend
+registered there reads sources too.
+"""
 
 from __future__ import annotations
 
@@ -8,12 +12,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlparse
 
+from yogacache.backends.registry import ALIASES, BACKENDS
 from yogacache.sources.errors import SourceError
 
 MAX_EXPANSION = 1_000_000
 _BRACE = re.compile(r"\{([^{}]*)\}")
 _RANGE = re.compile(r"^(-?\d+)\.\.(-?\d+)$")
-SCHEMES = ("s3", "gs", "file")
 
 
 def expand_braces(pattern: str) -> list[str]:
@@ -41,8 +45,8 @@ def expand_braces(pattern: str) -> list[str]:
 
 @dataclass(frozen=True)
 class Location:
-    """Where one source URL points: ``scheme`` (s3, gs, file), ``bucket`` (empty for files), ``key``
-    (a key or key prefix; an absolute path for files)."""
+    """Where one source URL points: ``scheme`` (a registry scheme: s3, gs, file, ...), ``bucket``
+    (empty for files), ``key`` (a key or key prefix; an absolute path for files)."""
 
     scheme: str
     bucket: str
@@ -54,19 +58,41 @@ class Location:
             return self.key
         return f"{self.scheme}://{self.bucket}/{self.key}"
 
+    @property
+    def store_url(self) -> str:
+        """The URL of the backend this object is read through: its bucket's root (the
+        filesystem's root for files)."""
+        return "file:///" if self.scheme == "file" else f"{self.scheme}://{self.bucket}/"
+
+    @property
+    def store_key(self) -> str:
+        """The key in the backend at ``store_url`` (a path without its leading ``/`` for files)."""
+        return self.key.lstrip("/") if self.scheme == "file" else self.key
+
     def child(self, key: str) -> Location:
         return Location(self.scheme, self.bucket, key)
 
+    def at_store_key(self, key: str) -> Location:
+        """The location of ``key`` of the backend at ``store_url`` (``store_key``'s inverse)."""
+        return self.child("/" + key if self.scheme == "file" else key)
+
+
+def schemes() -> list[str]:
+    """Every scheme a source URL may have (the backend registry's, and its aliases)."""
+    return sorted({*BACKENDS, *ALIASES})
+
 
 def parse_location(url: str) -> Location:
-    """``s3://bucket/key``, ``gs://bucket/key`` (``gcs://`` too), ``file:///path`` or a local path."""
+    """``s3://bucket/key``, ``gs://bucket/key`` (``gcs://`` too), any other scheme of the backend
+    registry, ``file:///path`` or a local path."""
     parsed = urlparse(url)
-    scheme = {"gcs": "gs"}.get(parsed.scheme, parsed.scheme)
+    scheme = ALIASES.get(parsed.scheme, parsed.scheme)
     if scheme in ("", "file") or (len(scheme) == 1 and os.name == "nt"):
         path = parsed.path if scheme == "file" else url
         return Location("file", "", str(Path(path).expanduser().absolute()))
-    if scheme not in SCHEMES:
-        raise SourceError(f"unsupported source URL {url!r}: use s3://, gs://, file:// or a local path")
+    if scheme not in BACKENDS:
+        known = ", ".join(f"{name}://" for name in schemes() if name != "file")
+        raise SourceError(f"unsupported source URL {url!r}: use {known}, file:// or a local path")
     if not parsed.netloc:
         raise SourceError(f"source URL {url!r} names no bucket")
     return Location(scheme, parsed.netloc, parsed.path.lstrip("/"))
