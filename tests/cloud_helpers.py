@@ -175,6 +175,20 @@ class Cloud:
     def new_bucket(self) -> str:
         return self.server.new_bucket()
 
+    @property
+    def server_url(self) -> str:
+        """The test server's root URL, where a FaultProxy in front of it forwards to."""
+        return str(self.server.endpoint_url if self.kind == "s3" else self.server.url)
+
+    def through(self, config: dict[str, Any], proxy_url: str) -> dict[str, Any]:
+        """``config`` reaching the server through the proxy at ``proxy_url`` (GCS: set
+        ``STORAGE_EMULATOR_HOST`` to it instead)."""
+        if self.kind == "s3":
+            return {**config, "endpoint_url": proxy_url}
+        if self.kind == "azure":
+            return {**config, "connection_string": self.server.connection_string_at(proxy_url)}
+        return config
+
     def store(self, bucket: str, prefix: str = "", retry: RetryPolicy = RetryPolicy()) -> Any:
         if self.kind == "s3":
             from yogacache.backends.s3 import S3ObjectStore

@@ -185,13 +185,22 @@ AZURITE_BINARY = Path(__file__).resolve().parent.parent / ".venv" / "azurite" / 
 
 @dataclass(frozen=True)
 class AzureServer:
-    account_url: str
+    account_url: str  # http://127.0.0.1:PORT/devstoreaccount1
+
+    @property
+    def url(self) -> str:
+        """The server's root (what a proxy in front of it forwards to)."""
+        return self.account_url.rsplit("/", 1)[0]
 
     @property
     def connection_string(self) -> str:
+        return self.connection_string_at(self.url)
+
+    def connection_string_at(self, root: str) -> str:
+        """The dev account's connection string, reaching it at ``root`` (the server or a proxy)."""
         return (
             f"DefaultEndpointsProtocol=http;AccountName={AZURITE_ACCOUNT};"
-            f"AccountKey={AZURITE_KEY};BlobEndpoint={self.account_url};"
+            f"AccountKey={AZURITE_KEY};BlobEndpoint={root}/{AZURITE_ACCOUNT};"
         )
 
     def client(self):  # type: ignore[no-untyped-def]

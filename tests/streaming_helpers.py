@@ -37,9 +37,7 @@ def node_config(cloud: Cloud, bucket: str, prefix: str, node: Path, proxy_url: s
     config = cloud.config(
         bucket, prefix, local_cache_host_path=str(node), local_cache_container_path=str(node), **extra
     )
-    if cloud.kind == "s3":
-        config["endpoint_url"] = proxy_url
-    return config
+    return cloud.through(config, proxy_url)
 
 
 def node_env(cloud: Cloud, proxy_url: str) -> dict[str, str]:

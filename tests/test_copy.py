@@ -30,6 +30,7 @@ from tests.cloud_helpers import (
     unique,
 )
 from tests.faultproxy import FaultProxy
+from yogacache.backends.azure import AzureObjectStore
 from yogacache.backends.files import FileObjectStore
 from yogacache.backends.gcs import GCSObjectStore
 from yogacache.backends.s3 import S3ObjectStore
@@ -53,8 +54,8 @@ class Place:
             self.root = tmp_path / unique("dir")
             self.objects: Any = FileObjectStore(self.root)
             return
-        server = request.getfixturevalue({"s3": "s3_server", "s3b": "s3_server_b", "gcs": "gcs_server"}[kind])
-        self.cloud = Cloud("gcs" if kind == "gcs" else "s3", server)
+        servers = {"s3": "s3_server", "s3b": "s3_server_b", "gcs": "gcs_server", "azure": "azure_server"}
+        self.cloud = Cloud("s3" if kind == "s3b" else kind, request.getfixturevalue(servers[kind]))
         self.bucket = self.cloud.new_bucket()
         self.objects = self.cloud.store(self.bucket, "caches")
 
@@ -97,6 +98,10 @@ DIRECTIONS = [
     ("s3", "dir", False),
     ("gcs", "dir", False),
     ("dir", "gcs", False),
+    ("azure", "azure", True),  # one account, two containers: Copy Blob
+    ("s3", "azure", False),
+    ("azure", "gcs", False),
+    ("dir", "azure", False),
 ]
 
 
@@ -189,16 +194,19 @@ def proxied(place: Place, proxy: FaultProxy) -> Any:
             project="test-project", credentials=AnonymousCredentials(), client_options={"api_endpoint": proxy.url}
         )
         return GCSObjectStore(place.bucket, "caches", client=client)
+    if place.kind == "azure":
+        connection_string = place.cloud.server.connection_string_at(proxy.url)
+        return AzureObjectStore(place.bucket, "caches", connection_string=connection_string)
     return S3ObjectStore(place.bucket, "caches", endpoint_url=proxy.url)
 
 
-@pytest.mark.parametrize("kind", ["s3", "gcs"])
+@pytest.mark.parametrize("kind", ["s3", "gcs", "azure"])
 def test_a_server_side_copy_sends_no_part_byte_through_the_client(
     kind: str, request: pytest.FixtureRequest, tmp_path: Path
 ) -> None:
     source, target = Place(kind, request, tmp_path), Place(kind, request, tmp_path)
     original = publish(source, tmp_path)
-    upstream = source.cloud.server.endpoint_url if kind == "s3" else source.cloud.server.url
+    upstream = source.cloud.server_url
     with FaultProxy(upstream) as proxy:
         report = copy_cache(proxied(source, proxy), proxied(target, proxy), "ds", "v1", show_progress=False)
         assert proxy.requests(path_contains="-part-")  # the copies did go through the proxy
@@ -217,7 +225,7 @@ def test_a_server_side_copy_sends_no_part_byte_through_the_client(
         assert streamed >= original.total_size_bytes
 
 
-@pytest.mark.parametrize("target_kind", ["gcs", "s3b", "dir"])
+@pytest.mark.parametrize("target_kind", ["gcs", "s3b", "dir", "azure"])
 def test_a_destination_part_altered_after_the_copy_is_found_and_copied_again(
     target_kind: str, request: pytest.FixtureRequest, tmp_path: Path
 ) -> None:

@@ -68,13 +68,16 @@ def test_cloud_checksums_are_read_without_the_bytes(kind: str, request: pytest.F
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("source_kind", "target_kind"), [("s3", "s3b"), ("s3", "s3"), ("s3", "gcs"), ("gcs", "s3")])
+@pytest.mark.parametrize(
+    ("source_kind", "target_kind"),
+    [("s3", "s3b"), ("s3", "s3"), ("s3", "gcs"), ("gcs", "s3"), ("s3", "azure"), ("azure", "azure")],
+)
 def test_parts_larger_than_a_chunk_copy_whole(
     source_kind: str, target_kind: str, request: pytest.FixtureRequest, tmp_path: Path
 ) -> None:
-    servers = {"s3": "s3_server", "s3b": "s3_server_b", "gcs": "gcs_server"}
-    source = Cloud("gcs" if source_kind == "gcs" else "s3", request.getfixturevalue(servers[source_kind]))
-    target = Cloud("gcs" if target_kind == "gcs" else "s3", request.getfixturevalue(servers[target_kind]))
+    servers = {"s3": "s3_server", "s3b": "s3_server_b", "gcs": "gcs_server", "azure": "azure_server"}
+    source = Cloud("s3" if source_kind == "s3b" else source_kind, request.getfixturevalue(servers[source_kind]))
+    target = Cloud("s3" if target_kind == "s3b" else target_kind, request.getfixturevalue(servers[target_kind]))
     source_bucket, target_bucket = source.new_bucket(), target.new_bucket()
     objects = source.store(source_bucket, "c")
     manifest = (

@@ -14,7 +14,7 @@ from yogacache.format.manifest import MANIFEST_NAME, MAX_MANIFEST_BYTES
 from yogacache.store.remote import RemoteCacheStore
 
 
-@pytest.fixture(params=["file", "s3", "gcs"])
+@pytest.fixture(params=["file", "s3", "gcs", "azure"])
 def objects(request: pytest.FixtureRequest, tmp_path: Path) -> Any:
     if request.param == "file":
         return FileObjectStore(tmp_path / "bucket")

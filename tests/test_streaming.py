@@ -33,10 +33,10 @@ from yogacache.store import open_store
 from yogacache.store.budget import fetch_lock_free
 
 
-@pytest.fixture(params=["s3", "gcs"])
+@pytest.fixture(params=["s3", "gcs", "azure"])
 def cloud(request: pytest.FixtureRequest) -> Cloud:
     kind = request.param
-    return Cloud(kind, request.getfixturevalue("s3_server" if kind == "s3" else "gcs_server"))
+    return Cloud(kind, request.getfixturevalue(f"{kind}_server"))
 
 
 @pytest.fixture
@@ -46,7 +46,7 @@ def published(cloud: Cloud, tmp_path: Path) -> tuple[str, str, Manifest]:
 
 
 def _proxy(cloud: Cloud) -> FaultProxy:
-    return FaultProxy(cloud.server.endpoint_url if cloud.kind == "s3" else cloud.server.url)
+    return FaultProxy(cloud.server_url)
 
 
 @pytest.fixture
@@ -155,6 +155,7 @@ def test_streaming_is_opt_in_and_automatic_above_the_budget(
 
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", RESUMABLE_MODES)
+@pytest.mark.parametrize("cloud", ["s3", "gcs"], indirect=True)  # Azure: its 2x2 test above; time
 def test_elastic_resume_from_2x2_to_3x1(
     cloud: Cloud, published: tuple[str, str, Manifest], proxies: list[FaultProxy], tmp_path: Path, mode: str
 ) -> None:

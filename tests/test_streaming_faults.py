@@ -27,10 +27,10 @@ from yogacache.store.remote import RemoteCacheStore
 from yogacache.store.streaming import minimum_budget
 
 
-@pytest.fixture(params=["s3", "gcs"])
+@pytest.fixture(params=["s3", "gcs", "azure"])
 def cloud(request: pytest.FixtureRequest) -> Cloud:
     kind = request.param
-    return Cloud(kind, request.getfixturevalue("s3_server" if kind == "s3" else "gcs_server"))
+    return Cloud(kind, request.getfixturevalue(f"{kind}_server"))
 
 
 @pytest.fixture
@@ -42,7 +42,7 @@ def published(cloud: Cloud, tmp_path: Path) -> tuple[str, str, Manifest]:
 @pytest.fixture
 def proxy(cloud: Cloud, monkeypatch: pytest.MonkeyPatch) -> Iterator[FaultProxy]:
     """A fault proxy in front of the server; in-process GCS clients reach it too."""
-    made = FaultProxy(cloud.server.endpoint_url if cloud.kind == "s3" else cloud.server.url)
+    made = FaultProxy(cloud.server_url)
     if cloud.kind == "gcs":
         monkeypatch.setenv("STORAGE_EMULATOR_HOST", made.url)
     try:

@@ -260,7 +260,13 @@ class AzureObjectStore(CopyableObjectStore, PinnedObjectStore):
         def call() -> Optional[tuple[bytes, str]]:
             try:
                 # The client pins every further chunk of one download to the first one's ETag.
-                download = self._blob(key).download_blob(**ranged)
+                try:
+                    download = self._blob(key).download_blob(**ranged)
+                except azexc.HttpResponseError as error:
+                    if _code(error) != "InvalidRange":
+                        raise
+                    # A range of an empty blob is unsatisfiable (416): the whole blob is empty.
+                    download = self._blob(key).download_blob()
                 data = download.readall()
             except azexc.ResourceNotFoundError as error:
                 if _container_missing(error):
