@@ -790,7 +790,7 @@ def _add_import_command(command: Callable[..., argparse.ArgumentParser]) -> None
     made.add_argument("sources", nargs="+", metavar="SOURCE", help="URL, brace pattern, prefix/ or path")
     made.add_argument("--id", dest="dataset_id", required=True, help="the cache's dataset id")
     made.add_argument("--version", dest="cache_version", default="auto", help="cache version, or auto (default)")
-    made.add_argument("--format", default="auto", choices=["auto", "webdataset", "archive", "files", "imagefolder"])
+    made.add_argument("--format", default="auto", choices=importlib.import_module("yogacache.sources.formats").FORMATS)
     made.add_argument("--etag", help="the ETag the (single) source object must have")
     made.add_argument("--version-id", help="read this S3 VersionId of the single source object")
     made.add_argument("--generation", type=int, help="read this GCS generation of the single source object")

@@ -17,18 +17,12 @@ from pathlib import Path
 from typing import BinaryIO, Optional
 from urllib.parse import urlparse
 
+from yogacache.backends import base
 from yogacache.backends.base import (
     COPY_CHUNK_BYTES,
-    LIST_PAGE,
-    CopyableObjectStore,
-    ObjectChangedError,
     ObjectChecksum,
     ObjectInfo,
-    ObjectPin,
-    PinnedObjectStore,
-    PinnedPage,
     ProgressCallback,
-    ServerCopy,
     join_key,
 )
 from yogacache.format.durability import fsync_path
@@ -41,7 +35,7 @@ def _token(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-class FileObjectStore(CopyableObjectStore, PinnedObjectStore):
+class FileObjectStore(base.CopyableObjectStore, base.PinnedObjectStore):
     """Objects as files under ``root`` (a local or shared filesystem)."""
 
     def __init__(self, root: Path | str) -> None:
@@ -172,14 +166,14 @@ class FileObjectStore(CopyableObjectStore, PinnedObjectStore):
                     found.append(ObjectInfo(key=key, size=full.stat().st_size))
         return sorted(found, key=lambda info: info.key)
 
-    # -- pinned reads (the PinnedObjectStore primitives) ------------------------------------
+    # -- pinned reads (the base.PinnedObjectStore primitives) ------------------------------------
     # A file is pinned by its size and modification time; no request is counted (nothing is sent).
-    def _pin(self, key: str, stat: os.stat_result) -> ObjectPin:
-        return ObjectPin(key, stat.st_size, mtime_ns=stat.st_mtime_ns)
+    def _pin(self, key: str, stat: os.stat_result) -> base.ObjectPin:
+        return base.ObjectPin(key, stat.st_size, mtime_ns=stat.st_mtime_ns)
 
     def head(
         self, key: str, *, version_id: Optional[str] = None, generation: Optional[int] = None
-    ) -> Optional[ObjectPin]:
+    ) -> Optional[base.ObjectPin]:
         path = self._path(key)
         try:
             stat = path.stat()
@@ -188,21 +182,21 @@ class FileObjectStore(CopyableObjectStore, PinnedObjectStore):
         return self._pin(key, stat) if path.is_file() else None
 
     def list_page(
-        self, prefix: str, start_at: Optional[str] = None, page_size: int = LIST_PAGE, token: Optional[str] = None
-    ) -> PinnedPage:
+        self, prefix: str, start_at: Optional[str] = None, page_size: int = base.LIST_PAGE, token: Optional[str] = None
+    ) -> base.PinnedPage:
         """``token`` is the next page's first key."""
         found = self._pins(prefix, token if token is not None else start_at)
         more = len(found) > page_size
-        return PinnedPage(found[:page_size], more, found[page_size].key if more else None)
+        return base.PinnedPage(found[:page_size], more, found[page_size].key if more else None)
 
-    def list_pinned(self, prefix: str) -> builtins.list[ObjectPin]:
+    def list_pinned(self, prefix: str) -> builtins.list[base.ObjectPin]:
         return self._pins(prefix, None)  # one walk of the directory, not one per page
 
-    def _pins(self, prefix: str, start_at: Optional[str]) -> builtins.list[ObjectPin]:
+    def _pins(self, prefix: str, start_at: Optional[str]) -> builtins.list[base.ObjectPin]:
         """The regular files (not symbolic links) of the directory ``prefix`` names (ending in
         ``/``) or lies in whose key starts with ``prefix``, from ``start_at`` on, in key order."""
         directory = self._path(prefix if prefix.endswith("/") else posixpath.dirname(prefix))
-        found: builtins.list[ObjectPin] = []
+        found: builtins.list[base.ObjectPin] = []
         for folder, subdirs, files in os.walk(directory):
             subdirs.sort()
             for name in files:
@@ -214,30 +208,30 @@ class FileObjectStore(CopyableObjectStore, PinnedObjectStore):
                         found.append(self._pin(key, stat))
         return sorted(found, key=lambda pin: pin.key)
 
-    def read_range(self, pin: ObjectPin, start: int, stop: int) -> bytes:
+    def read_range(self, pin: base.ObjectPin, start: int, stop: int) -> bytes:
         with self._open_pinned(pin) as handle:
             handle.seek(start)
             return handle.read(stop - start)
 
-    def open_stream(self, pin: ObjectPin) -> BinaryIO:
+    def open_stream(self, pin: base.ObjectPin) -> BinaryIO:
         return self._open_pinned(pin)
 
-    def open_ranged(self, pin: ObjectPin) -> BinaryIO:
+    def open_ranged(self, pin: base.ObjectPin) -> BinaryIO:
         return self._open_pinned(pin)
 
-    def _open_pinned(self, pin: ObjectPin) -> BinaryIO:
+    def _open_pinned(self, pin: base.ObjectPin) -> BinaryIO:
         """The file, open, if it still has the size and modification time of ``pin``."""
         try:
             handle = open(self._path(pin.key), "rb")
         except FileNotFoundError:
-            raise ObjectChangedError.of(self.url(pin.key), pin, deleted=True) from None
+            raise base.ObjectChangedError.of(self.url(pin.key), pin, deleted=True) from None
         now = os.fstat(handle.fileno())
         if now.st_size != pin.size or (pin.mtime_ns is not None and now.st_mtime_ns != pin.mtime_ns):
             handle.close()
-            raise ObjectChangedError.of(self.url(pin.key), pin, deleted=False)
+            raise base.ObjectChangedError.of(self.url(pin.key), pin, deleted=False)
         return handle
 
-    # -- copies (the CopyableObjectStore primitives) ---------------------------------------
+    # -- copies (the base.CopyableObjectStore primitives) ---------------------------------------
     def checksum(self, key: str) -> Optional[ObjectChecksum]:
         """A directory keeps no checksums: the file is read to compute its CRC32C."""
         from yogacache.format.checksum import crc32c_file
@@ -280,7 +274,7 @@ class FileObjectStore(CopyableObjectStore, PinnedObjectStore):
             if temp.exists():
                 temp.unlink()
 
-    def copy_server_side(self, copy: ServerCopy) -> bool:
+    def copy_server_side(self, copy: base.ServerCopy) -> bool:
         """Never server-side: a directory's bytes pass through this process anyway."""
         return False
 

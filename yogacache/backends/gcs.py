@@ -12,21 +12,12 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any, Optional
 
+from yogacache.backends import base
 from yogacache.backends.base import (
     COPY_CHUNK_BYTES,
     DEFAULT_TRANSFER_THREADS,
-    LIST_PAGE,
-    CopyableObjectStore,
-    ObjectChangedError,
     ObjectChecksum,
-    ObjectInfo,
-    ObjectPin,
-    PinnedObjectStore,
-    PinnedPage,
     ProgressCallback,
-    RemoteError,
-    RetryPolicy,
-    ServerCopy,
     TransferCancelled,
     describe_error,
     join_key,
@@ -99,7 +90,7 @@ class _CountingWriter(io.RawIOBase):
         return written
 
 
-class GCSObjectStore(CopyableObjectStore, PinnedObjectStore):
+class GCSObjectStore(base.CopyableObjectStore, base.PinnedObjectStore):
     """Objects under ``gs://bucket/prefix``."""
 
     def __init__(
@@ -108,7 +99,7 @@ class GCSObjectStore(CopyableObjectStore, PinnedObjectStore):
         prefix: str = "",
         *,
         client: Any = None,
-        retry: RetryPolicy = RetryPolicy(),
+        retry: base.RetryPolicy = base.RetryPolicy(),
         timeout: float = 60.0,
         transfer_threads: int = DEFAULT_TRANSFER_THREADS,
     ) -> None:
@@ -133,7 +124,7 @@ class GCSObjectStore(CopyableObjectStore, PinnedObjectStore):
         self.served_versions: dict[str, str] = {}  # generations pin reads: no version ids
 
     @classmethod
-    def from_url(cls, url: str, *, retry: RetryPolicy = RetryPolicy()) -> GCSObjectStore:
+    def from_url(cls, url: str, *, retry: base.RetryPolicy = base.RetryPolicy()) -> GCSObjectStore:
         """``gs://bucket/prefix`` (``STORAGE_EMULATOR_HOST`` selects an emulator)."""
         bucket, prefix = split_bucket_url(url)
         return cls(bucket, prefix, retry=retry)
@@ -183,7 +174,7 @@ class GCSObjectStore(CopyableObjectStore, PinnedObjectStore):
                 data = download(blob, if_generation_match=generation)
             except gexc.NotFound as error:
                 if _bucket_missing(error):
-                    raise RemoteError(f"bucket {self.bucket_name!r} does not exist") from None
+                    raise base.RemoteError(f"bucket {self.bucket_name!r} does not exist") from None
                 return None
             return data, str(generation)
 
@@ -205,7 +196,7 @@ class GCSObjectStore(CopyableObjectStore, PinnedObjectStore):
             except gexc.NotFound:
                 if if_token is not None and not if_absent:
                     return None  # the version we meant to replace is gone
-                raise RemoteError(f"bucket {self.bucket_name!r} does not exist") from None
+                raise base.RemoteError(f"bucket {self.bucket_name!r} does not exist") from None
             return str(blob.generation)
 
         return self._run("PUT", key, call)
@@ -248,15 +239,15 @@ class GCSObjectStore(CopyableObjectStore, PinnedObjectStore):
 
         self._run("download of", key, call)
 
-    def list(self, prefix: str = "") -> list[ObjectInfo]:
+    def list(self, prefix: str = "") -> list[base.ObjectInfo]:
         full = join_key(self.prefix, prefix)
         if prefix.endswith("/") or not prefix:
             full = full + "/" if full else ""
         strip = len(self.prefix) + 1 if self.prefix else 0
 
-        def call() -> list[ObjectInfo]:
+        def call() -> list[base.ObjectInfo]:
             return [
-                ObjectInfo(key=blob.name[strip:], size=int(blob.size or 0))
+                base.ObjectInfo(key=blob.name[strip:], size=int(blob.size or 0))
                 for blob in self._client.list_blobs(
                     self.bucket_name, prefix=full, retry=None, timeout=self.timeout
                 )
@@ -264,15 +255,15 @@ class GCSObjectStore(CopyableObjectStore, PinnedObjectStore):
 
         return self._run("LIST", prefix, call)
 
-    # -- pinned reads (the PinnedObjectStore primitives) ------------------------------------
-    def _pin(self, blob: Any) -> ObjectPin:
+    # -- pinned reads (the base.PinnedObjectStore primitives) ------------------------------------
+    def _pin(self, blob: Any) -> base.ObjectPin:
         key = blob.name[len(self.prefix) + 1 :] if self.prefix else blob.name
-        return ObjectPin(key, int(blob.size or 0), blob.etag, None, int(blob.generation))
+        return base.ObjectPin(key, int(blob.size or 0), blob.etag, None, int(blob.generation))
 
     def head(
         self, key: str, *, version_id: Optional[str] = None, generation: Optional[int] = None
-    ) -> Optional[ObjectPin]:
-        def call() -> Optional[ObjectPin]:
+    ) -> Optional[base.ObjectPin]:
+        def call() -> Optional[base.ObjectPin]:
             self.metadata_requests += 1
             try:
                 blob = self._bucket.get_blob(
@@ -285,15 +276,15 @@ class GCSObjectStore(CopyableObjectStore, PinnedObjectStore):
         return self._run("HEAD", key, call)  # type: ignore[no-any-return]
 
     def list_page(
-        self, prefix: str, start_at: Optional[str] = None, page_size: int = LIST_PAGE, token: Optional[str] = None
-    ) -> PinnedPage:
+        self, prefix: str, start_at: Optional[str] = None, page_size: int = base.LIST_PAGE, token: Optional[str] = None
+    ) -> base.PinnedPage:
         """One page from ``startOffset`` (or ``pageToken``)."""
         under = f"{self.prefix}/" if self.prefix else ""
         offset = {"start_offset": under + start_at} if start_at else {}
         if token is not None:
             offset = {"page_token": token}
 
-        def call() -> PinnedPage:
+        def call() -> base.PinnedPage:
             self.metadata_requests += 1
             blobs = self._client.list_blobs(
                 self.bucket_name, prefix=under + prefix, page_size=page_size, retry=None, timeout=self.timeout,
@@ -301,11 +292,11 @@ class GCSObjectStore(CopyableObjectStore, PinnedObjectStore):
             )
             page = next(iter(blobs.pages), None)
             following = blobs.next_page_token or None
-            return PinnedPage([self._pin(blob) for blob in page or []], following is not None, following)
+            return base.PinnedPage([self._pin(blob) for blob in page or []], following is not None, following)
 
         return self._run("LIST", prefix, call)  # type: ignore[no-any-return]
 
-    def read_range(self, pin: ObjectPin, start: int, stop: int) -> bytes:
+    def read_range(self, pin: base.ObjectPin, start: int, stop: int) -> bytes:
         """A ranged read of ``pin``'s generation, ``ifGenerationMatch`` it (fake-gcs-server ignores
         the condition on reads but drops old generations: a read of a replaced one is 404)."""
         blob = self._bucket.blob(join_key(self.prefix, pin.key), generation=pin.generation)
@@ -323,13 +314,13 @@ class GCSObjectStore(CopyableObjectStore, PinnedObjectStore):
                     )
                 )
             except gexc.PreconditionFailed:
-                raise ObjectChangedError.of(self.url(pin.key), pin, deleted=False) from None
+                raise base.ObjectChangedError.of(self.url(pin.key), pin, deleted=False) from None
             except gexc.NotFound:
-                raise ObjectChangedError.of(self.url(pin.key), pin, deleted=True) from None
+                raise base.ObjectChangedError.of(self.url(pin.key), pin, deleted=True) from None
 
         return self._run("GET", pin.key, call)  # type: ignore[no-any-return]
 
-    # -- copies (the CopyableObjectStore primitives) ---------------------------------------
+    # -- copies (the base.CopyableObjectStore primitives) ---------------------------------------
     def checksum(self, key: str) -> Optional[ObjectChecksum]:
         """The object's metadata: GCS computes ``crc32c`` for every object, composed ones too."""
 
@@ -370,11 +361,11 @@ class GCSObjectStore(CopyableObjectStore, PinnedObjectStore):
             except gexc.NotFound:
                 raise FileNotFoundError(f"{self.url(key)} does not exist") from None
             except Exception as error:  # noqa: BLE001 - a failure part-way: the caller starts over
-                raise RemoteError(f"reading {self.url(key)} failed part-way: {self._describe(error)}") from None
+                raise base.RemoteError(f"reading {self.url(key)} failed part-way: {self._describe(error)}") from None
             if generation is None:
                 generation = blob.generation
             if not chunk:
-                raise RemoteError(f"reading {self.url(key)} ended early at byte {start} of {found.size}")
+                raise base.RemoteError(f"reading {self.url(key)} ended early at byte {start} of {found.size}")
             start += len(chunk)
             yield chunk
 
@@ -393,12 +384,12 @@ class GCSObjectStore(CopyableObjectStore, PinnedObjectStore):
         # Not retried: the chunks are consumed; the caller starts the object over.
         try:
             call()
-        except (RemoteError, FileNotFoundError, TransferCancelled):
+        except (base.RemoteError, FileNotFoundError, TransferCancelled):
             raise
         except Exception as error:
-            raise RemoteError(f"upload to {self.url(key)} failed: {self._describe(error)}") from None
+            raise base.RemoteError(f"upload to {self.url(key)} failed: {self._describe(error)}") from None
 
-    def copy_server_side(self, copy: ServerCopy) -> bool:
+    def copy_server_side(self, copy: base.ServerCopy) -> bool:
         """``Blob.rewrite`` (repeated until done) when the source is GCS: bytes stay in the cloud."""
         source, source_key, key = copy.source, copy.source_key, copy.key
         if not isinstance(source, GCSObjectStore):

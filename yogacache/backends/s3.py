@@ -10,21 +10,15 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, BinaryIO, Optional
 
+from yogacache.backends import base
 from yogacache.backends.base import (
     COPY_CHUNK_BYTES,
     DEFAULT_TRANSFER_THREADS,
-    LIST_PAGE,
-    CopyableObjectStore,
-    ObjectChangedError,
     ObjectChecksum,
     ObjectInfo,
-    ObjectPin,
-    PinnedObjectStore,
-    PinnedPage,
     ProgressCallback,
     RemoteError,
     RetryPolicy,
-    ServerCopy,
     describe_error,
     join_key,
     split_bucket_url,
@@ -68,7 +62,7 @@ def _is_transient(error: BaseException) -> bool:
     return _code(error) not in _ABSENT | _PRECONDITION | _BAD_CREDENTIALS | {"NoSuchBucket", "InvalidBucketName"}
 
 
-class S3ObjectStore(CopyableObjectStore, PinnedObjectStore):
+class S3ObjectStore(base.CopyableObjectStore, base.PinnedObjectStore):
     """Objects under ``s3://bucket/prefix``. Credentials come from the standard AWS chain unless given."""
 
     def __init__(
@@ -269,16 +263,16 @@ class S3ObjectStore(CopyableObjectStore, PinnedObjectStore):
 
         return self._run("LIST", prefix, call)
 
-    # -- pinned reads (the PinnedObjectStore primitives) ------------------------------------
-    def _pin(self, key: str, size: Any, etag: Optional[str], version_id: Optional[str] = None) -> ObjectPin:
-        return ObjectPin(key, int(size), etag.strip('"') if etag else etag, version_id)
+    # -- pinned reads (the base.PinnedObjectStore primitives) ------------------------------------
+    def _pin(self, key: str, size: Any, etag: Optional[str], version_id: Optional[str] = None) -> base.ObjectPin:
+        return base.ObjectPin(key, int(size), etag.strip('"') if etag else etag, version_id)
 
     def head(
         self, key: str, *, version_id: Optional[str] = None, generation: Optional[int] = None
-    ) -> Optional[ObjectPin]:
+    ) -> Optional[base.ObjectPin]:
         extra = {"VersionId": version_id} if version_id else {}
 
-        def call() -> Optional[ObjectPin]:
+        def call() -> Optional[base.ObjectPin]:
             self.metadata_requests += 1
             try:
                 answer = self._client.head_object(Bucket=self.bucket, Key=self._key(key), **extra)
@@ -293,8 +287,8 @@ class S3ObjectStore(CopyableObjectStore, PinnedObjectStore):
         return self._run("HEAD", key, call)  # type: ignore[no-any-return]
 
     def list_page(
-        self, prefix: str, start_at: Optional[str] = None, page_size: int = LIST_PAGE, token: Optional[str] = None
-    ) -> PinnedPage:
+        self, prefix: str, start_at: Optional[str] = None, page_size: int = base.LIST_PAGE, token: Optional[str] = None
+    ) -> base.PinnedPage:
         """S3 lists *after* a key: the page starts after ``start_at`` less its last character, and
         the few keys between that and ``start_at`` are dropped here."""
         first = self._listed_key(start_at) if start_at and token is None else ""
@@ -302,7 +296,7 @@ class S3ObjectStore(CopyableObjectStore, PinnedObjectStore):
         if token is not None:
             extra["ContinuationToken"] = token
 
-        def call() -> PinnedPage:
+        def call() -> base.PinnedPage:
             self.metadata_requests += 1
             page = self._client.list_objects_v2(
                 Bucket=self.bucket, Prefix=self._listed_key(prefix), MaxKeys=page_size, **extra
@@ -313,7 +307,7 @@ class S3ObjectStore(CopyableObjectStore, PinnedObjectStore):
                 if item["Key"] >= first
             ]
             more = bool(page.get("IsTruncated"))
-            return PinnedPage(found, more, page.get("NextContinuationToken") if more else None)
+            return base.PinnedPage(found, more, page.get("NextContinuationToken") if more else None)
 
         return self._run("LIST", prefix, call)  # type: ignore[no-any-return]
 
@@ -325,7 +319,7 @@ class S3ObjectStore(CopyableObjectStore, PinnedObjectStore):
     def _strip(self) -> int:
         return len(self.prefix) + 1 if self.prefix else 0
 
-    def _get_pinned(self, pin: ObjectPin, **extra: Any) -> Any:
+    def _get_pinned(self, pin: base.ObjectPin, **extra: Any) -> Any:
         """GetObject conditional on ``pin`` (``IfMatch``, ``VersionId``); records the version served."""
         if pin.etag:
             extra["IfMatch"] = f'"{pin.etag}"'
@@ -337,9 +331,9 @@ class S3ObjectStore(CopyableObjectStore, PinnedObjectStore):
                 return self._client.get_object(Bucket=self.bucket, Key=self._key(pin.key), **extra)
             except botocore.exceptions.ClientError as error:
                 if _code(error) in _PRECONDITION:
-                    raise ObjectChangedError.of(self.url(pin.key), pin, deleted=False) from None
+                    raise base.ObjectChangedError.of(self.url(pin.key), pin, deleted=False) from None
                 if _code(error) in _ABSENT | {"NoSuchVersion"}:
-                    raise ObjectChangedError.of(self.url(pin.key), pin, deleted=True) from None
+                    raise base.ObjectChangedError.of(self.url(pin.key), pin, deleted=True) from None
                 raise
 
         answer = self._run("GET", pin.key, call)
@@ -347,11 +341,11 @@ class S3ObjectStore(CopyableObjectStore, PinnedObjectStore):
             self.served_versions[pin.key] = answer["VersionId"]
         return answer
 
-    def read_range(self, pin: ObjectPin, start: int, stop: int) -> bytes:
+    def read_range(self, pin: base.ObjectPin, start: int, stop: int) -> bytes:
         body = self._get_pinned(pin, Range=f"bytes={start}-{stop - 1}")["Body"]
         return self._read_body(pin.key, body, -1)
 
-    def open_stream(self, pin: ObjectPin) -> BinaryIO:
+    def open_stream(self, pin: base.ObjectPin) -> BinaryIO:
         """One GET of the whole object, read as it arrives."""
         return _Body(self, pin.key, self._get_pinned(pin)["Body"])  # type: ignore[return-value]
 
@@ -362,7 +356,7 @@ class S3ObjectStore(CopyableObjectStore, PinnedObjectStore):
             raise RemoteError(f"reading {self.url(key)} failed part-way: {self._describe(error)}",
                               self._describe(error)) from None
 
-    # -- copies (the CopyableObjectStore primitives) ---------------------------------------
+    # -- copies (the base.CopyableObjectStore primitives) ---------------------------------------
     # Objects up to this size are copied with one CopyObject; larger ones with UploadPartCopy
     # in parts of this size (tests lower it to exercise the multipart path).
     copy_multipart_bytes = _MAX_COPY_OBJECT
@@ -525,7 +519,7 @@ class S3ObjectStore(CopyableObjectStore, PinnedObjectStore):
         except Exception:  # noqa: BLE001 - the failure being raised matters more
             pass
 
-    def copy_server_side(self, copy: ServerCopy) -> bool:
+    def copy_server_side(self, copy: base.ServerCopy) -> bool:
         """CopyObject (UploadPartCopy past ``copy_multipart_bytes``) when the source is a bucket of
         the same endpoint; S3 computes the copy's CRC32C itself."""
         source, source_key, key, size, crc32c = copy.source, copy.source_key, copy.key, copy.size, copy.crc32c

@@ -6,6 +6,11 @@ before the next member's bytes are read. Names are keys, never paths: nothing is
 disk, and a name that is absolute or climbs out (``../x``) is refused. Every member's declared size is
 checked against the build's byte budget before it is decompressed, so a bomb fails cleanly.
 
+What is read how lives in three tables, as webdataset's stages and fsspec's registry do it:
+``COMPRESSIONS`` (magic bytes and tar suffixes -> a decompressor), ``ARCHIVES`` (suffix -> the
+member reader, streamed or through ranged reads) and ``RECORD_FORMATS`` (format name -> how
+members become records). A new archive format is an entry here.
+
 WebDataset grouping follows ``webdataset.tariterators``: a name's key is everything up to the
 first dot of its last path component, its field everything after that dot, lowercased
 (``a/b.seg.png`` is key ``a/b``, field ``seg.png``); consecutive members with the same key form
@@ -24,33 +29,19 @@ import tarfile
 import zipfile
 import zlib
 from dataclasses import dataclass
-from typing import Any, BinaryIO, Callable, Iterator, Optional, Union
+from typing import Any, BinaryIO, Callable, Iterator, Optional
 
 from yogacache.sources.errors import CorruptSourceError
 
 Member = tuple[str, Callable[[], bytes]]
 MAX_MEMBER_BYTES = 1 << 30
 
-TAR_SUFFIXES = (".tar", ".tar.gz", ".tar.gz2", ".tgz", ".tar.bz2", ".tbz", ".tbz2", ".tar.xz", ".txz", ".tar.zst",
-                ".tar.zstd", ".tzst")
-ZIP_SUFFIXES = (".zip",)
-ARCHIVE_SUFFIXES = TAR_SUFFIXES + ZIP_SUFFIXES
 _KEY_FIELD = re.compile(r"^((?:.*/|)[^.]+)[.]([^/]*)$")
 _META = re.compile(r"__[^/]*__($|/)")
 _DECOMPRESS_ERRORS: tuple[type[BaseException], ...] = (
     tarfile.TarError, zipfile.BadZipFile, EOFError, zlib.error, lzma.LZMAError, OSError, ValueError,
     NotImplementedError,
 )
-
-
-def archive_kind(name: str) -> Optional[str]:
-    """``"tar"``, ``"zip"`` or None, by the object name's suffix."""
-    lowered = name.lower()
-    if lowered.endswith(ZIP_SUFFIXES):
-        return "zip"
-    if lowered.endswith(TAR_SUFFIXES):
-        return "tar"
-    return None
 
 
 def split_key(name: str) -> tuple[Optional[str], Optional[str]]:
@@ -111,14 +102,12 @@ class DecompressedStream:
         self._input = raw.read(chunk)
         self._eof = not self._input
         self._raw = raw
-        self._make = _decompressor_for(self._input)
-        if self._make == "zstd":  # zstandard's reader bounds its own output
-            import zstandard
-
-            prefixed: Any = _Prefixed(self._input, raw)
-            self._raw = zstandard.ZstdDecompressor().stream_reader(prefixed, read_across_frames=True)
-            self._make, self._input = None, b""
-        self._decompressor: Any = self._make() if callable(self._make) else None
+        compression = compression_of(self._input)
+        self._make = compression.decompressor if compression is not None else None
+        if compression is not None and compression.reader is not None:  # a reader that bounds its own output
+            self._raw = compression.reader(_Prefixed(self._input, raw))
+            self._input = b""
+        self._decompressor: Any = self._make() if self._make is not None else None
         self._started = bool(self._input)
 
     def _step(self) -> Optional[bytes]:
@@ -216,20 +205,39 @@ def _fast_gzip() -> Any:
 _GZIP = _fast_gzip()
 
 
-def _decompressor_for(head: bytes) -> Union[None, str, Callable[[], Any]]:
-    if head.startswith(b"\x1f\x8b"):
-        return lambda: _GZIP.decompressobj(16 + zlib.MAX_WBITS)
-    if head.startswith(b"BZh"):
-        return bz2.BZ2Decompressor
-    if head.startswith(b"\xfd7zXZ\x00"):
-        return lzma.LZMADecompressor
-    if head.startswith(b"\x28\xb5\x2f\xfd"):
-        try:
-            import zstandard  # noqa: F401
-        except ImportError:
-            raise ImportError("reading .tar.zst sources needs zstandard: pip install 'yogacache[sources]'") from None
-        return "zstd"
-    return None
+def _zstd_reader(raw: Any) -> Any:
+    try:
+        import zstandard
+    except ImportError:
+        raise ImportError("reading .tar.zst sources needs zstandard: pip install 'yogacache[sources]'") from None
+    return zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=True)
+
+
+@dataclass(frozen=True)
+class Compression:
+    """One compression of tar streams: recognised by its first bytes (``magic``), named by its
+    suffixes. ``decompressor`` makes a zlib-style one (``decompress(data, max_length)``, ``eof``,
+    ``unused_data``), made again for each concatenated member; or ``reader`` wraps the raw stream
+    in a reader that bounds its own output (zstandard's)."""
+
+    name: str
+    magic: bytes
+    tar_suffixes: tuple[str, ...]
+    decompressor: Optional[Callable[[], Any]] = None
+    reader: Optional[Callable[[Any], Any]] = None
+
+
+COMPRESSIONS = (
+    Compression("gzip", b"\x1f\x8b", (".tar.gz", ".tar.gz2", ".tgz"), lambda: _GZIP.decompressobj(16 + zlib.MAX_WBITS)),
+    Compression("bzip2", b"BZh", (".tar.bz2", ".tbz", ".tbz2"), bz2.BZ2Decompressor),
+    Compression("xz", b"\xfd7zXZ\x00", (".tar.xz", ".txz"), lzma.LZMADecompressor),
+    Compression("zstd", b"\x28\xb5\x2f\xfd", (".tar.zst", ".tar.zstd", ".tzst"), reader=_zstd_reader),
+)
+
+
+def compression_of(head: bytes) -> Optional[Compression]:
+    """The compression whose magic bytes ``head`` starts with; None: not compressed (or unknown)."""
+    return next((compression for compression in COMPRESSIONS if head.startswith(compression.magic)), None)
 
 
 def _corrupt(where: str, member: Optional[str], error: BaseException) -> CorruptSourceError:
@@ -265,10 +273,13 @@ class _MemberBytes:
             raise _corrupt(self._where, self._name, error) from None
 
 
-def tar_members(stream: BinaryIO, where: str, budget: ByteBudget) -> Iterator[Member]:
+def tar_members(
+    stream: BinaryIO, where: str, budget: ByteBudget, on_names: Optional[Callable[[list[str]], None]] = None
+) -> Iterator[Member]:
     """The regular files of a (compressed) tar stream, in archive order; links, directories and
     other entries are skipped. Read once, front to back: nothing is seeked or written to disk;
-    a member's bytes are read when its ``read()`` is called (or skipped when it is not)."""
+    a member's bytes are read when its ``read()`` is called (or skipped when it is not). A tar
+    has no directory of its names up front: ``on_names`` is never called."""
     member: Optional[str] = None
     errors = (*_DECOMPRESS_ERRORS, *_zstd_errors(), _GZIP.error)
     try:
@@ -485,7 +496,68 @@ def file_field(name: str) -> str:
     return field.lower() if field else "data"
 
 
-def file_records(members: Iterator[Member]) -> Iterator[dict[str, Any]]:
+def file_records(members: Iterator[Member], where: str = "") -> Iterator[dict[str, Any]]:
     """One record per file: ``{"__key__": name, "<field>": bytes}``."""
     for name, read in members:
         yield {"__key__": name, file_field(name): read()}
+
+
+def sample_field(name: str) -> Optional[str]:
+    """The field a member gives its webdataset sample (``webdataset_samples``), None for none."""
+    _, field = split_key(name.rsplit("/", 1)[-1])
+    return field.lower() if field else None
+
+
+# -- the tables ---------------------------------------------------------------------------------
+MemberReader = Callable[[BinaryIO, str, ByteBudget, Optional[Callable[[list[str]], None]]], Iterator[Member]]
+
+
+@dataclass(frozen=True)
+class ArchiveKind:
+    """One kind of archive: the suffixes that name it, how its members are read (``members(file,
+    where, budget, on_names)``), whether that needs ranged reads (a zip's central directory is at
+    its end) or reads a stream front to back, and the record format ``format="auto"`` reads it as."""
+
+    name: str
+    suffixes: tuple[str, ...]
+    members: MemberReader
+    ranged: bool
+    auto_format: str
+
+
+ARCHIVES = (
+    ArchiveKind("zip", (".zip",), zip_members, ranged=True, auto_format="archive"),
+    ArchiveKind("tar", (".tar", *(s for c in COMPRESSIONS for s in c.tar_suffixes)), tar_members, ranged=False,
+                auto_format="webdataset"),
+)
+ARCHIVE_SUFFIXES = tuple(suffix for archive in ARCHIVES for suffix in archive.suffixes)
+
+
+def archive_of(name: str) -> Optional[ArchiveKind]:
+    """The archive kind the object name's suffix says, or None for a plain file."""
+    lowered = name.lower()
+    return next((archive for archive in ARCHIVES if lowered.endswith(archive.suffixes)), None)
+
+
+@dataclass(frozen=True)
+class RecordFormat:
+    """How a source format makes records: from an archive's members (``group(members, where)``),
+    or, with ``group`` None, one record per object (its bytes under ``member_field`` of its name).
+    ``member_field``: the field a member's (or a file's) name gives, None for a name that makes none."""
+
+    name: str
+    group: Optional[Callable[[Iterator[Member], str], Iterator[dict[str, Any]]]]
+    member_field: Callable[[str], Optional[str]]
+
+    @property
+    def per_object(self) -> bool:
+        return self.group is None
+
+
+RECORD_FORMATS = {
+    "webdataset": RecordFormat("webdataset", webdataset_samples, sample_field),
+    "archive": RecordFormat("archive", file_records, file_field),
+    "files": RecordFormat("files", None, file_field),
+    "imagefolder": RecordFormat("imagefolder", None, file_field),
+}
+FORMATS = ("auto", *RECORD_FORMATS)  # what from_url's format= (and ``yogacache import --format``) take

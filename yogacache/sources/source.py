@@ -27,23 +27,21 @@ from yogacache.format.writer import BuildLimits
 from yogacache.sources.decoders import Decode, decode_sample, decoder_table
 from yogacache.sources.errors import SourceChangedError, SourceError
 from yogacache.sources.formats import (
+    ARCHIVE_SUFFIXES,
+    FORMATS,
+    RECORD_FORMATS,
+    ArchiveKind,
     ByteBudget,
-    Member,
-    archive_kind,
+    RecordFormat,
+    archive_of,
     check_name,
     file_field,
-    file_records,
-    split_key,
-    tar_members,
-    webdataset_samples,
-    zip_members,
 )
 from yogacache.sources.objects import Accessors, ObjectRef, ReadAhead
 from yogacache.sources.urls import Location, expand_braces, parse_location
 
 SOURCES_EXTRA_KEY = "sources"
 PINS_VERSION = 1
-FORMATS = ("auto", "webdataset", "archive", "files", "imagefolder")
 ON_SOURCE_CHANGE = ("error", "rebuild", "warn", "ignore")
 ENCODE_BATCH = 256
 # A parallel build reads plain files (format="files" / "imagefolder") in build shards of this many.
@@ -84,7 +82,31 @@ class _CountingStream:
 
 
 class ObjectSource:
-    """Records from objects: WebDataset shards, archives, or files (see ``from_url``)."""
+    """Records from objects: WebDataset shards, archives, or files (``from_url`` is this class).
+    A source to return from a decorated function, pass to ``submit`` or to ``yogacache import``.
+
+    Args:
+        urls: an URL or a list of them: ``s3://bucket/key``, ``gs://bucket/key``, a local path or
+            ``file://`` URL; braces expand (``train-{000000..000146}.tar``); a trailing ``/`` (or a
+            local directory) is a prefix, every object under it.
+        format: ``"webdataset"`` (tar or zip members grouped into samples by key), ``"archive"``
+            (one record ``{"__key__": member name, "<ext>": bytes}`` per member), ``"files"`` (one
+            record per object), ``"imagefolder"`` (one per object, ``cls`` from its parent
+            directory, the class table in the manifest), or ``"auto"``: webdataset for
+            tar-family objects, archive for zips, files otherwise.
+        fields: the fields every record has (others dropped, absent ones empty bytes); by default
+            the first sample's (every file extension, for files).
+        decode: ``True`` to decode known fields (text, ints, ``.npy`` without pickles, images
+            with Pillow), or a mapping of field to decoder name; pickles are always refused.
+        etag: the ETag the (single) object must have, or a mapping of URL to ETag.
+        version_id, generation: read this version (S3) / generation (GCS) of the single object.
+        on_source_change: what a cache hit does when the objects changed since the build:
+            ``"error"`` (default), ``"rebuild"``, ``"warn"`` or ``"ignore"``.
+        max_bytes: the most bytes the archives may expand to (default: the free disk space
+            less a reserve, as for any build of unknown length).
+        endpoint_url: an S3-compatible endpoint (default: ``AWS_ENDPOINT_URL`` or AWS), given to
+            every backend that takes an ``endpoint_url``.
+    """
 
     kind = "objects"
     cardinality: Optional[int] = None  # known only once every archive is read
@@ -235,7 +257,7 @@ class ObjectSource:
         refs = self.objects()
         if self.format == "imagefolder":
             refs = [ref for ref in refs if "/" in self._relative_key(ref)]
-        plain = [ref for ref in refs if self._format_of(ref) in ("files", "imagefolder")]
+        plain = [ref for ref in refs if self._format_of(ref).per_object]
         fields = self.fields
         if plain and fields is None:
             fields = self._file_fields(plain)
@@ -257,7 +279,7 @@ class ObjectSource:
         groups: list[list[ObjectRef]] = []
         run: list[ObjectRef] = []
         for ref in refs:
-            if self._format_of(ref) in ("files", "imagefolder"):
+            if self._format_of(ref).per_object:
                 run.append(ref)
                 if len(run) >= files_per_shard:
                     groups.append(run)
@@ -396,18 +418,24 @@ class ObjectSource:
         bound = BuildLimits().for_unknown_length(Path.home()).max_bytes
         return bound if bound is not None else 1 << 62
 
-    def _format_of(self, ref: ObjectRef) -> str:
-        if self.format in ("files", "imagefolder"):
-            return self.format
-        kind = archive_kind(ref.name)
-        if self.format == "auto":
-            return {"tar": "webdataset", "zip": "archive"}.get(kind or "", "files")
-        if kind is None:
+    def _format_of(self, ref: ObjectRef) -> RecordFormat:
+        return self._reading(ref)[0]
+
+    def _reading(self, ref: ObjectRef) -> tuple[RecordFormat, Optional[ArchiveKind]]:
+        """How ``ref`` is read (``formats``' tables): its record format, and the kind of archive
+        its members come from (None: one record of the whole object)."""
+        chosen = RECORD_FORMATS.get(self.format)
+        if chosen is not None and chosen.per_object:
+            return chosen, None
+        archive = archive_of(ref.name)
+        if chosen is None:  # auto: what the archive kind says, or one record of a plain file
+            return (RECORD_FORMATS[archive.auto_format], archive) if archive else (RECORD_FORMATS["files"], None)
+        if archive is None:
             raise SourceError(
-                f"source object {ref.url} is not an archive ({', '.join(('.tar', '.tar.gz', '.zip'))}, ...) "
+                f"source object {ref.url} is not an archive ({', '.join(ARCHIVE_SUFFIXES[:3])}, ...) "
                 f"but format={self.format!r} reads archives; use format='files' for plain files"
             )
-        return self.format
+        return chosen, archive
 
     def records(self) -> Generator[dict[str, Any], None, None]:
         """Every record, object by object, in listing order."""
@@ -417,11 +445,11 @@ class ObjectSource:
         budget = ByteBudget(self._limit())
         state = {"objects": 0, "bytes": 0, "records": 0}
         fields = _FieldSet(self.fields, explicit=self.fields is not None)
-        if any(self._format_of(ref) in ("files", "imagefolder") for ref in refs) and self.fields is None:
+        if any(self._format_of(ref).per_object for ref in refs) and self.fields is None:
             fields = _FieldSet(self._file_fields(refs), explicit=False)
         self._fieldset = fields
         self._prefetch = _Prefetch(
-            [ref for ref in refs if self._format_of(ref) in ("files", "imagefolder")], self._read_whole
+            [ref for ref in refs if self._format_of(ref).per_object], self._read_whole
         )
 
         def on_bytes(count: int) -> None:
@@ -458,21 +486,20 @@ class ObjectSource:
                 stream.close()
 
     def _open_next_tar(self, refs: list[ObjectRef], index: int, opened: dict[int, ReadAhead]) -> None:
-        if index < len(refs) and index not in opened and archive_kind(refs[index].name) == "tar" and (
-            self._format_of(refs[index]) in ("webdataset", "archive")
-        ):
-            ref = refs[index]
-            opened[index] = ReadAhead(self.access(ref.location).open_stream(ref))
+        if index >= len(refs) or index in opened:
+            return
+        archive = self._reading(refs[index])[1]
+        if archive is not None and not archive.ranged:
+            opened[index] = ReadAhead(self.access(refs[index].location).open_stream(refs[index]))
 
-    def _field_names(self, fmt: str) -> Callable[[list[str]], None]:
-        """Fixes the field set from a zip's central directory, before its first record."""
+    def _field_names(self, fmt: RecordFormat) -> Callable[[list[str]], None]:
+        """Fixes the field set from an archive's directory of names (a zip's central directory),
+        before its first record."""
 
         def fix(names: list[str]) -> None:
             fields = self._fieldset
             if fields is not None and fields.fields is None:
-                keyed = [split_key(name.rsplit("/", 1)[-1])[1] for name in names] if fmt == "webdataset" else []
-                found = {field.lower() for field in keyed if field} if keyed else {file_field(n) for n in names}
-                fields.fields = sorted(found)
+                fields.fields = sorted({field for name in names if (field := fmt.member_field(name))})
 
         return fix
 
@@ -482,25 +509,24 @@ class ObjectSource:
 
     def _samples(self, ref: ObjectRef, where: str, budget: ByteBudget, on_bytes: Callable[[int], None],
                  opened: Optional[ReadAhead] = None) -> Iterator[dict[str, Any]]:
-        fmt = self._format_of(ref)
-        access = self.access(ref.location)
-        if fmt in ("files", "imagefolder"):
+        """The records of one object: its archive's members (read as ``formats.ARCHIVES`` says)
+        grouped by its record format, or the object as one record."""
+        fmt, archive = self._reading(ref)
+        if archive is None or fmt.group is None:
             yield self._file_record(ref, where, budget, on_bytes, fmt)
             return
-        members: Iterator[Member]
-        if archive_kind(ref.name) == "zip":
+        access = self.access(ref.location)
+        if archive.ranged:
             handle = access.open_ranged(ref)
             try:
-                members = zip_members(handle, where, budget, self._field_names(fmt))
-                yield from (webdataset_samples(members, where) if fmt == "webdataset" else file_records(members))
+                yield from fmt.group(archive.members(handle, where, budget, self._field_names(fmt)), where)
             finally:
                 handle.close()
             on_bytes(ref.size)
             return
         stream = _CountingStream(opened or ReadAhead(access.open_stream(ref)), on_bytes)
         try:
-            members = tar_members(stream, where, budget)  # type: ignore[arg-type]
-            yield from (webdataset_samples(members, where) if fmt == "webdataset" else file_records(members))
+            yield from fmt.group(archive.members(stream, where, budget, None), where)  # type: ignore[arg-type]
             stream.drain()  # tar's end blocks: the object must be read to its last byte
         finally:
             stream.close()
@@ -510,7 +536,7 @@ class ObjectSource:
             )
 
     def _file_record(self, ref: ObjectRef, where: str, budget: ByteBudget, on_bytes: Callable[[int], None],
-                     fmt: str) -> dict[str, Any]:
+                     fmt: RecordFormat) -> dict[str, Any]:
         key = self._relative_key(ref)
         check_name(key, where)
         budget.take(ref.size, where, key)
@@ -519,7 +545,7 @@ class ObjectSource:
         if len(data) != ref.size:
             raise SourceChangedError(f"{where} held {len(data)} bytes, not the {ref.size} listed; nothing was cached")
         record: dict[str, Any] = {"__key__": key, file_field(key): data}
-        if fmt == "imagefolder":
+        if fmt.name == "imagefolder":
             if self._classes is None:
                 self._classes = self._class_table()
             label = key.split("/", 1)[0]
@@ -723,44 +749,5 @@ def as_record_source(source: ObjectSource) -> ObjectSource:
     return source
 
 
-def from_url(
-    urls: Union[str, Sequence[str]],
-    *,
-    format: str = "auto",
-    fields: Optional[Sequence[str]] = None,
-    decode: Decode = None,
-    etag: Union[None, str, Mapping[str, str]] = None,
-    version_id: Optional[str] = None,
-    generation: Optional[int] = None,
-    on_source_change: str = "error",
-    max_bytes: Optional[int] = None,
-    endpoint_url: Optional[str] = None,
-) -> ObjectSource:
-    """A source of records from objects, to return from a decorated function, pass to ``submit``
-    or to ``yogacache import``.
-
-    Args:
-        urls: an URL or a list of them: ``s3://bucket/key``, ``gs://bucket/key``, a local path or
-            ``file://`` URL; braces expand (``train-{000000..000146}.tar``); a trailing ``/`` (or a
-            local directory) is a prefix, every object under it.
-        format: ``"webdataset"`` (tar or zip members grouped into samples by key), ``"archive"``
-            (one record ``{"__key__": member name, "<ext>": bytes}`` per member), ``"files"`` (one
-            record per object), ``"imagefolder"`` (one per object, ``cls`` from its parent
-            directory, the class table in the manifest), or ``"auto"``: webdataset for
-            tar-family objects, archive for zips, files otherwise.
-        fields: the fields every record has (others dropped, absent ones empty bytes); by default
-            the first sample's (every file extension, for files).
-        decode: ``True`` to decode known fields (text, ints, ``.npy`` without pickles, images
-            with Pillow), or a mapping of field to decoder name; pickles are always refused.
-        etag: the ETag the (single) object must have, or a mapping of URL to ETag.
-        version_id, generation: read this version (S3) / generation (GCS) of the single object.
-        on_source_change: what a cache hit does when the objects changed since the build:
-            ``"error"`` (default), ``"rebuild"``, ``"warn"`` or ``"ignore"``.
-        max_bytes: the most bytes the archives may expand to (default: the free disk space
-            less a reserve, as for any build of unknown length).
-        endpoint_url: an S3-compatible endpoint (default: ``AWS_ENDPOINT_URL`` or AWS).
-    """
-    return ObjectSource(
-        urls, format=format, fields=fields, decode=decode, etag=etag, version_id=version_id,
-        generation=generation, on_source_change=on_source_change, max_bytes=max_bytes, endpoint_url=endpoint_url,
-    )
+# ``from_url(urls, format=..., ...)`` makes an ObjectSource: the class's arguments are its arguments.
+from_url = ObjectSource
