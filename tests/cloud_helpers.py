@@ -172,6 +172,21 @@ class Cloud:
     def __repr__(self) -> str:
         return f"Cloud({self.kind})"
 
+    @classmethod
+    def from_environment(cls, kind: str) -> Cloud:
+        """The test server of ``kind``, in a child process (``node_env`` says where it is)."""
+        from tests.servers import AzureServer, GCSServer, S3Server
+
+        if kind == "s3":
+            return cls(kind, S3Server(os.environ["TEST_S3_ENDPOINT"]))
+        if kind == "azure":
+            return cls(kind, AzureServer.from_connection_string(os.environ["AZURE_STORAGE_CONNECTION_STRING"]))
+        return cls(kind, GCSServer(os.environ["STORAGE_EMULATOR_HOST"]))
+
+    def node_env(self, **extra: str) -> dict[str, str]:
+        """A child process's environment in which ``from_environment`` finds this cloud."""
+        return python_env(TEST_S3_ENDPOINT=getattr(self.server, "endpoint_url", ""), **extra)
+
     def new_bucket(self) -> str:
         return self.server.new_bucket()
 

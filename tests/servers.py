@@ -189,6 +189,11 @@ class AzureServer:
     def connection_string(self) -> str:
         return self.connection_string_at(self.url)
 
+    @classmethod
+    def from_connection_string(cls, connection_string: str) -> AzureServer:
+        fields = dict(item.split("=", 1) for item in connection_string.split(";") if item)
+        return cls(fields["BlobEndpoint"])
+
     def connection_string_at(self, root: str) -> str:
         """The dev account's connection string, reaching it at ``root`` (the server or a proxy)."""
         return (

@@ -17,17 +17,17 @@ from pathlib import Path
 
 import pytest
 
-from tests.cloud_helpers import Builds, Cloud, dataset, expected_keys, finish, python_env, reader_keys, start_python
+from tests.cloud_helpers import Builds, Cloud, dataset, expected_keys, finish, reader_keys, start_python
 from yogacache.store.remote import LEASE_NAME, BuildWaitTimeoutError, RemoteCacheStore
 
 PREFIX = "caches"
 LEASE_SECONDS = 1.5
 
 
-@pytest.fixture(params=["s3", "gcs"])
+@pytest.fixture(params=["s3", "gcs", "azure"])
 def cloud(request: pytest.FixtureRequest) -> Cloud:
     kind = request.param
-    return Cloud(kind, request.getfixturevalue("s3_server" if kind == "s3" else "gcs_server"))
+    return Cloud(kind, request.getfixturevalue(f"{kind}_server"))
 
 
 def waiter(cloud: Cloud, bucket: str, root: Path, wait_timeout: float) -> RemoteCacheStore:
@@ -48,11 +48,10 @@ real_time = time.time
 time.time = lambda: real_time() + skew  # this process's wall clock is off by ``skew`` seconds
 from pathlib import Path
 from tests.cloud_helpers import Cloud, dataset
-from tests.servers import GCSServer, S3Server
 from yogacache.store.remote import RemoteCacheStore
 kind, bucket, root, go = sys.argv[1:5]
-server = S3Server(os.environ["TEST_S3_ENDPOINT"]) if kind == "s3" else GCSServer(os.environ["STORAGE_EMULATOR_HOST"])
-store = RemoteCacheStore(Cloud(kind, server).store(bucket, "caches"), root, lease_seconds=1.5, show_progress=False)
+store = RemoteCacheStore(Cloud.from_environment(kind).store(bucket, "caches"), root, lease_seconds=1.5,
+                         show_progress=False)
 
 def make():
     Path(root, "building").touch()
@@ -70,7 +69,7 @@ def test_a_live_holder_whose_clock_runs_behind_keeps_its_lease(cloud: Cloud, tmp
     go = tmp_path / "go"
     holder_root = tmp_path / "holder"
     holder_root.mkdir()
-    env = python_env(TEST_S3_ENDPOINT=getattr(cloud.server, "endpoint_url", ""))
+    env = cloud.node_env()
     holder = start_python(HOLDER_SCRIPT, cloud.kind, bucket, str(holder_root), str(go), "-300", env=env)
     try:
         deadline = time.monotonic() + 60

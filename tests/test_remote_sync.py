@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import threading
 import time
 import warnings
@@ -30,7 +29,6 @@ from tests.cloud_helpers import (
     expected_keys,
     finish,
     must_not_build,
-    python_env,
     reader_keys,
     start_python,
     unique,
@@ -70,11 +68,15 @@ class Site:
         return f"{self.prefix}/{relative}"
 
 
-@pytest.fixture(params=["s3", "gcs"])
+@pytest.fixture(params=["s3", "gcs", "azure"])
 def cloud(request: pytest.FixtureRequest) -> Cloud:
-    """Each test using it runs once against moto's S3 server and once against fake-gcs-server."""
+    """Each test using it runs against moto's S3 server, fake-gcs-server and Azurite."""
     kind = request.param
-    return Cloud(kind, request.getfixturevalue("s3_server" if kind == "s3" else "gcs_server"))
+    return Cloud(kind, request.getfixturevalue(f"{kind}_server"))
+
+
+# YogaDL's storages (the facade) are S3 and GCS only.
+YOGADL_CLOUDS = pytest.mark.parametrize("cloud", ["s3", "gcs"], indirect=True)
 
 
 @pytest.fixture
@@ -244,18 +246,13 @@ def swap_in_subprocess(kind: str, bucket: str, prefix: str, local_root: str) -> 
     """Another process of the same node refreshes the local copy (used by SWAP_SCRIPT)."""
     import json as _json
 
-    from tests.servers import GCSServer, S3Server
-
-    server: Any = (
-        S3Server(os.environ["TEST_S3_ENDPOINT"]) if kind == "s3" else GCSServer(os.environ["STORAGE_EMULATOR_HOST"])
-    )
-    objects = Cloud(kind, server).store(bucket, prefix)
+    objects = Cloud.from_environment(kind).store(bucket, prefix)
     reader = RemoteCacheStore(objects, local_root, show_progress=False).open("ds", "v1")
     print(_json.dumps({"build_id": reader.manifest.build_id}))
 
 
 def _swap_env(site: Site) -> dict[str, str]:
-    return python_env(TEST_S3_ENDPOINT=getattr(site.cloud.server, "endpoint_url", ""))
+    return site.cloud.node_env()
 
 
 def test_old_reader_keeps_reading_after_another_process_swaps_the_copy(site: Site) -> None:
@@ -535,6 +532,7 @@ def _facade(site: Site, local: Path, **extra: Any) -> Any:
     return GCSStorage(GCSConfigurations(site.bucket, site.prefix, local_cache_dir=str(local), **extra))
 
 
+@YOGADL_CLOUDS
 def test_yogadl_facade_warns_about_coordinator_arguments(site: Site) -> None:
     with pytest.warns(UserWarning, match="coordinator"):
         _facade(site, site.tmp_path / "a", url="https://coordinator.example:8080")
@@ -545,6 +543,7 @@ def test_yogadl_facade_warns_about_coordinator_arguments(site: Site) -> None:
         _facade(site, site.tmp_path / "a")  # no coordinator arguments: no warning
 
 
+@YOGADL_CLOUDS
 def test_yogadl_facade_submit_fetch_cacheable(site: Site) -> None:
     with pytest.warns(UserWarning):
         storage_a = _facade(site, site.tmp_path / "node-a", url="https://coordinator.example:8080")
@@ -610,6 +609,7 @@ print(json.dumps({"pid": os.getpid(), "digest": digest_of_keys(keys), "n": len(k
 """
 
 
+@YOGADL_CLOUDS
 def test_concurrent_nodes_build_exactly_once(site: Site) -> None:
     markers = site.tmp_path / "markers"
     markers.mkdir()
