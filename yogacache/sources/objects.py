@@ -131,7 +131,9 @@ class SourceStorage:
 
     def list(self, prefix: Location) -> list[ObjectRef]:
         """Every object under ``prefix`` (a key prefix; a directory for files)."""
-        key = prefix.store_key.rstrip("/") + "/" if prefix.scheme == "file" else prefix.store_key
+        key = prefix.store_key
+        if prefix.scheme == "file":  # a directory: what is inside it, not beside it
+            key = key.rstrip("/") + "/" if key.rstrip("/") else ""
         with _as_source_errors(prefix.url):
             return [self._ref(pin) for pin in self.store.list_pinned(key)]
 

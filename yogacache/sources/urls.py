@@ -77,11 +77,6 @@ class Location:
         return self.child("/" + key if self.scheme == "file" else key)
 
 
-def schemes() -> list[str]:
-    """Every scheme a source URL may have (the backend registry's, and its aliases)."""
-    return sorted({*BACKENDS, *ALIASES})
-
-
 def parse_location(url: str) -> Location:
     """``s3://bucket/key``, ``gs://bucket/key`` (``gcs://`` too), any other scheme of the backend
     registry, ``file:///path`` or a local path."""
@@ -91,7 +86,7 @@ def parse_location(url: str) -> Location:
         path = parsed.path if scheme == "file" else url
         return Location("file", "", str(Path(path).expanduser().absolute()))
     if scheme not in BACKENDS:
-        known = ", ".join(f"{name}://" for name in schemes() if name != "file")
+        known = ", ".join(f"{name}://" for name in sorted(BACKENDS) if name != "file")
         raise SourceError(f"unsupported source URL {url!r}: use {known}, file:// or a local path")
     if not parsed.netloc:
         raise SourceError(f"source URL {url!r} names no bucket")
