@@ -1,9 +1,11 @@
 """The object-store contract every backend implements, and the retry policy they share.
 
 A backend has a handful of primitives: read and write small objects (optionally
-conditionally), transfer files, list and delete. "Not found" and "precondition failed" are
-answers; every other failure (403, 5xx, timeouts, resets) is retried with backoff and then
-raised as RemoteError naming the object, never read as "absent".
+conditionally), transfer files, list and delete (``ObjectStore``); copy (``CopyableObjectStore``);
+and, for object sources, HEAD, LIST and reads pinned to one version of an object
+(``PinnedObjectStore``). "Not found" and "precondition failed" are answers; every other failure
+(403, 5xx, timeouts, resets) is retried with backoff and then raised as RemoteError naming the
+object, never read as "absent".
 """
 
 from __future__ import annotations

@@ -464,10 +464,10 @@ class ObjectSource:
 
     def _records(self, refs: list[ObjectRef], budget: ByteBudget, fields: _FieldSet, state: dict[str, int],
                  on_bytes: Callable[[int], None]) -> Iterator[dict[str, Any]]:
-        opened: dict[int, ReadAhead] = {}  # the next tar object's GET starts while this one decodes
+        opened: dict[int, ReadAhead] = {}  # the next streamed archive's GET starts while this one decodes
         try:
             for index, ref in enumerate(refs):
-                self._open_next_tar(refs, index + 1, opened)
+                self._open_next_stream(refs, index + 1, opened)
                 where = f"source object {ref.url}"
                 for sample in self._samples(ref, where, budget, on_bytes, opened.pop(index, None)):
                     sample = fields.apply(sample, where)
@@ -485,7 +485,7 @@ class ObjectSource:
             for stream in opened.values():
                 stream.close()
 
-    def _open_next_tar(self, refs: list[ObjectRef], index: int, opened: dict[int, ReadAhead]) -> None:
+    def _open_next_stream(self, refs: list[ObjectRef], index: int, opened: dict[int, ReadAhead]) -> None:
         if index >= len(refs) or index in opened:
             return
         archive = self._reading(refs[index])[1]
