@@ -34,7 +34,7 @@ from yogacache.format.manifest import Manifest
 from yogacache.format.spec import Spec, TensorSpec
 from yogacache.progress import format_bytes
 from yogacache.store import CacheEntry, Store, open_store
-from yogacache.store.local import CacheStore, default_cache_root
+from yogacache.store.local import default_cache_root
 from yogacache.version import __version__
 
 STORAGE_ENV = "YOGACACHE_STORAGE"
@@ -108,13 +108,10 @@ def open_cli_store(
     """The store named by ``--storage``, ``$YOGACACHE_STORAGE`` or the local default; a local
     directory named explicitly must exist unless ``must_exist`` is false (a build creates it)."""
     target = storage or os.environ.get(STORAGE_ENV) or None
-    store = open_store(target, endpoint_url=endpoint_url, local_cache=local_cache)
-    if must_exist and target is not None and "://" not in target and store.remote_url is None:
-        # A directory named explicitly must exist: a typo is an error, not "no caches".
-        if not Path(target).expanduser().exists():
-            raise ConfigError(f"storage {target} does not exist (not a directory or a config file)")
-        if not store.root.is_dir():
-            raise ConfigError(f"storage directory {store.root} does not exist")
+    # A directory named explicitly must exist: a typo is an error, not "no caches".
+    store = open_store(target, endpoint_url=endpoint_url, local_cache=local_cache, must_exist=must_exist)
+    if must_exist and target is not None and store.remote is None and not store.root.is_dir():
+        raise ConfigError(f"storage directory {store.root} does not exist")  # named by a config file
     return store
 
 
@@ -358,11 +355,11 @@ def cmd_ls(store: Store, args: argparse.Namespace) -> int:
 def _mirror_fields(store: Store) -> Optional[dict[tuple[str, str], list[dict[str, Any]]]]:
     """For a storage with mirrors (else None): per published cache, each storage (the origin
     first, then the mirrors nearest first) with the build it holds and its role."""
-    mirror_builds = getattr(store, "mirror_builds", None)
-    if mirror_builds is None:
+    builds = store.remote.mirror_builds() if store.remote is not None else None
+    if builds is None:
         return None
     fields: dict[tuple[str, str], list[dict[str, Any]]] = {}
-    for dataset_id, version, url, build in mirror_builds():
+    for dataset_id, version, url, build in builds:
         role = "origin" if url == store.remote_url else ("empty" if build is None else "mirror")
         fields.setdefault((dataset_id, version), []).append({"storage": url, "build_id": build, "role": role})
     return fields
@@ -507,18 +504,19 @@ def cmd_gc(store: Store, args: argparse.Namespace) -> int:
     from yogacache.sizes import parse_size
     from yogacache.store.eviction import collect
 
-    if store.remote_url is None:
+    remote = store.remote
+    if remote is None:
         print(
             f"nothing to collect under {store.root}: its caches are the only copies "
             "(shared_fs or local, never evicted)"
         )
         return 0
-    limit = parse_size(args.limit, "--limit") if args.limit is not None else getattr(store, "local_cache_limit", None)
+    limit = parse_size(args.limit, "--limit") if args.limit is not None else remote.local_cache_limit
     if limit is None:
         raise ConfigError(
             'gc needs a budget: pass --limit SIZE (e.g. 200Gi) or set "local_cache_limit" in the storage config'
         )
-    result = collect(store, limit, dry_run=args.dry_run)
+    result = collect(remote, limit, dry_run=args.dry_run)
     verb = "would remove" if args.dry_run else "removed"
     for eviction in result.evicted:
         print(f"{verb} {eviction.item.item} ({format_bytes(eviction.item.size)}): {eviction.reason}")
@@ -582,24 +580,25 @@ def _publisher(store: Store, args: argparse.Namespace) -> Store:
     """The store that publishes: the remote store, reading the local cache from ``--from`` or,
     when the remote store's local copies do not hold it, from the local default store (where
     ``yogacache ls`` without ``--storage`` finds it)."""
-    local = getattr(store, "local", None)
-    if store.remote_url is None or not isinstance(local, CacheStore):
+    remote = store.remote
+    if remote is None:
         return store
     if args.source:
-        source = CacheStore(Path(args.source))
-        if not source.root.is_dir():
-            raise ConfigError(f"--from directory {source.root} does not exist")
-    elif local.exists(args.dataset_id, args.version):
+        directory = Path(args.source).expanduser().absolute()
+        if not directory.is_dir():
+            raise ConfigError(f"--from directory {directory} does not exist")
+        source = open_store(directory).local
+    elif remote.local.exists(args.dataset_id, args.version):
         return store
     else:
-        source = CacheStore(default_cache_root())
+        source = open_store(None).local  # the local default store
         if not source.exists(args.dataset_id, args.version):
             raise CacheNotFoundError(
-                f"no local cache {args.dataset_id} {args.version} to push: looked under {local.root} "
+                f"no local cache {args.dataset_id} {args.version} to push: looked under {remote.local.root} "
                 f"and {source.root} (use --from DIR for another directory)"
             )
-    publisher = copy.copy(store)
-    publisher.local = source  # type: ignore[attr-defined]
+    publisher = copy.copy(remote)
+    publisher.local = source
     return publisher
 
 
@@ -735,9 +734,8 @@ def cmd_import(store: Store, args: argparse.Namespace) -> int:
     # The import draws its own progress line (objects, bytes, records): the build's stays off,
     # except with workers, which report through it. The upload of a published cache that follows
     # is reported by the store as it goes.
-    builder = getattr(quiet_store, "local", quiet_store)
-    if workers == 1 and isinstance(builder, CacheStore):
-        builder.show_progress = False
+    if workers == 1:
+        quiet_store.local.show_progress = False
     source = from_url(
         args.sources,
         format=args.format,

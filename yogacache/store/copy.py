@@ -33,7 +33,6 @@ import zlib
 from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import Any, ContextManager, Mapping, Optional, Union, cast
 
 from yogacache.backends.base import (
@@ -115,12 +114,11 @@ Target = Union[CacheLocation, str, "os.PathLike[str]", Mapping[str, Any], Any]
 
 
 def open_location(target: Target, *, endpoint_url: Optional[str] = None) -> CacheLocation:
-    """The storage ``target`` names: a URL (``s3://``, ``gs://``, ``file://``), a ``data_layer``
-    mapping or config file, a shared_fs directory, an object store (bucket layout), or a
-    RemoteCacheStore."""
+    """The storage ``target`` names: what ``store.target.parse_target`` reads (a URL, a
+    ``data_layer`` mapping or config file, a shared_fs directory, which must exist), an object
+    store (bucket layout), or a remote store."""
     from yogacache.backends.files import FileObjectStore
-    from yogacache.backends.registry import open_backend
-    from yogacache.config import SharedFSConfig, StorageConfig, load_config_file, parse_config
+    from yogacache.store.target import parse_target
 
     if isinstance(target, CacheLocation):
         return target
@@ -129,26 +127,14 @@ def open_location(target: Target, *, endpoint_url: Optional[str] = None) -> Cach
     objects = getattr(target, "objects", None)
     if objects is not None:  # a RemoteCacheStore
         return CacheLocation(cast(CopyableObjectStore, objects))
-    config: Optional[StorageConfig]
-    if isinstance(target, (str, os.PathLike)):
-        text = os.fspath(target)
-        if "://" in text:
-            return CacheLocation(cast(CopyableObjectStore, open_backend(text, endpoint_url=endpoint_url)))
-        path = Path(text).expanduser()
-        if not path.exists():
-            raise ConfigError(f"storage {text} does not exist (not a directory, a config file or a URL)")
-        if path.is_dir():
-            return CacheLocation(FileObjectStore(path), build_prefixed=False)
-        config = load_config_file(path)
-    else:
-        config = parse_config(target)
-    if config is None:
+    location = parse_target(target, endpoint_url=endpoint_url, must_exist=True)
+    if location.url is not None:
+        return CacheLocation(cast(CopyableObjectStore, location.open_backend()))
+    if location.directory is not None:
+        return CacheLocation(FileObjectStore(location.directory), build_prefixed=False)
+    if location.config is None:
         raise ConfigError("a copy needs a storage to copy from and one to copy to, not the local default")
-    if isinstance(config, SharedFSConfig):
-        if config.storage_path is None:
-            raise ConfigError("a shared_fs storage to copy with needs host_storage_path")
-        return CacheLocation(FileObjectStore(config.storage_path), build_prefixed=False)
-    return CacheLocation(cast(CopyableObjectStore, open_backend(config.url, **config.backend_options())))
+    raise ConfigError("a shared_fs storage to copy with needs host_storage_path")
 
 
 @dataclass

@@ -1,27 +1,26 @@
 """``open_store``: the one place a storage description becomes a Store.
 
-DataLayer, the CLI and the YogaDL facade all come here, with a ``data_layer`` config (dict or
-parsed), a storage URL (``s3://``, ``gs://``, ``file://``), a config file, a directory, or
-nothing (the local default).
+DataLayer, the CLI, the YogaDL facade and the Ray builder all come here, with a ``data_layer`` config
+(dict or parsed), a storage URL (``s3://``, ``gs://``, ``file://``), a config file, a directory,
+or nothing (the local default), read by the one parser of such targets (``store.target``).
 """
 
 from __future__ import annotations
 
-import functools
 import os
 from pathlib import Path
-from typing import Any, Mapping, Optional, Union
+from typing import Any, Optional, Union
 
-from yogacache.backends.registry import open_backend
-from yogacache.config import SharedFSConfig, StorageConfig, load_config_file, parse_config
+from yogacache.config import SharedFSConfig
 from yogacache.errors import ConfigError
 from yogacache.format.integrity import Verify
 from yogacache.format.writer import BuildLimits
 from yogacache.store.base import Store
 from yogacache.store.local import CacheStore, default_cache_root
 from yogacache.store.remote import RemoteCacheStore
-
-StoreTarget = Union[StorageConfig, Mapping[str, Any], str, "os.PathLike[str]", None]
+from yogacache.store.target import StoreTarget as StoreTarget  # re-exported: what open_store takes
+from yogacache.store.target import TargetLocation as TargetLocation  # re-exported
+from yogacache.store.target import parse_target
 
 
 def open_store(
@@ -32,6 +31,7 @@ def open_store(
     verify: Verify = "auto",
     limits: BuildLimits = BuildLimits(),
     show_progress: bool = True,
+    must_exist: bool = False,
 ) -> Store:
     """The store ``target`` describes.
 
@@ -42,25 +42,17 @@ def open_store(
         local_cache: root of node-local copies of remote caches (URL targets; a config names
             its own, else the local default).
         endpoint_url: the S3 endpoint of a URL target (default: ``$AWS_ENDPOINT_URL`` or AWS).
+        must_exist: a directory or config file named by ``target`` must exist (``parse_target``).
     """
     options: dict[str, Any] = dict(verify=verify, limits=limits, show_progress=show_progress)
-    if isinstance(target, (str, os.PathLike)):
-        text = os.fspath(target)
-        if "://" in text:
-            local_root = Path(local_cache).expanduser() if local_cache else default_cache_root()
-            return RemoteCacheStore(open_backend(text, endpoint_url=endpoint_url), local_root, **options)
-        path = Path(text).expanduser()
-        if path.is_file():
-            return _from_config(load_config_file(path), options)
-        return CacheStore(path, **options)
-    return _from_config(parse_config(target), options)
-
-
-def _from_config(config: Optional[StorageConfig], options: dict[str, Any]) -> Store:
-    if config is None or isinstance(config, SharedFSConfig):
-        root = (config.storage_path if config is not None else None) or default_cache_root()
-        return CacheStore(root, **options)
-    backend = open_backend(config.url, **config.backend_options())
+    location = parse_target(target, endpoint_url=endpoint_url, must_exist=must_exist)
+    config = location.config
+    if location.url is None or isinstance(config, SharedFSConfig):
+        return CacheStore(location.directory or default_cache_root(), **options)
+    if config is None:  # a URL
+        local_root = Path(local_cache).expanduser() if local_cache else default_cache_root()
+        return RemoteCacheStore(location.open_backend(), local_root, **options)
+    backend = location.open_backend()
     if config.mirrors:
         if config.streaming or config.local_cache_limit is not None:
             raise ConfigError(
@@ -69,7 +61,7 @@ def _from_config(config: Optional[StorageConfig], options: dict[str, Any]) -> St
             )
         from yogacache.store.mirrors import MirroredCacheStore
 
-        mirrors = [open_backend(mirror.url, **mirror.backend_options()) for mirror in config.mirrors]
+        mirrors = [parse_target(mirror).open_backend() for mirror in config.mirrors]
         return MirroredCacheStore(backend, mirrors, config.local_cache_path or default_cache_root(), **options)
     return RemoteCacheStore(
         backend,
@@ -77,5 +69,5 @@ def _from_config(config: Optional[StorageConfig], options: dict[str, Any]) -> St
         **options,
         streaming=config.streaming,
         local_cache_limit=config.local_cache_limit,
-        objects_factory=functools.partial(open_backend, config.url, **config.backend_options()),
+        objects_factory=location.open_backend,
     )
