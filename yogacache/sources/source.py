@@ -1,9 +1,10 @@
-"""ObjectSource: a record source over objects (S3, GCS, local files), pinned while it builds.
+"""ObjectSource: a record source over objects (S3, GCS, Azure, local files), pinned while it builds.
 
-It lists its objects once (LIST pages, or one HEAD for a single object), checks the pins asked
-for (``etag=``, ``version_id=``, ``generation=``) before anything is written, then streams each
-object through its format (``formats``) into records, reading every object conditionally on
-the version listed (``objects``). What it read is recorded in the manifest's ``extra`` under
+It lists its objects once (``listing``: LIST pages, or one HEAD for a single object), checks the
+pins asked for (``etag=``, ``version_id=``, ``generation=``) before anything is written, then
+streams each object through the stages its archive kind and format name (``formats``' tables)
+into records, reading every object conditionally on the version listed (``objects``, through
+the backends). What it read is recorded in the manifest's ``extra`` under
 ``"sources"`` so that a cache hit can check the sources cheaply (``freshness``).
 """
 
@@ -37,8 +38,9 @@ from yogacache.sources.formats import (
     check_name,
     file_field,
 )
+from yogacache.sources.listing import list_sources
 from yogacache.sources.objects import Accessors, ObjectRef, ReadAhead
-from yogacache.sources.urls import Location, expand_braces, parse_location
+from yogacache.sources.urls import parse_location
 
 SOURCES_EXTRA_KEY = "sources"
 PINS_VERSION = 1
@@ -161,91 +163,10 @@ class ObjectSource:
     def objects(self) -> list[ObjectRef]:
         """The source objects, listed once (and checked against ``etag=`` / versions)."""
         if self._objects is None:
-            self._objects = self._resolve()
+            listing = list_sources(self.urls, self.access, etag=self.etag, version_id=self.version_id,
+                                   generation=self.generation)
+            self._objects, self._prefixes = listing.objects, listing.prefixes
         return self._objects
-
-    def _resolve(self) -> list[ObjectRef]:
-        named: list[Location] = []
-        found: list[ObjectRef] = []
-        for url in self.urls:
-            for expanded in expand_braces(url):
-                location = parse_location(expanded)
-                if self._is_prefix(location):
-                    found.extend(self._list_prefix(location))
-                else:
-                    named.append(location)
-        if (self.version_id or self.generation is not None) and (len(named) != 1 or found):
-            raise ValueError("version_id= / generation= pin one object: pass exactly one object URL")
-        found.extend(self._find_named(named))
-        if not found:
-            raise SourceError(f"no source objects at {', '.join(self.urls)}")
-        self._check_etags(found)
-        return found
-
-    def _is_prefix(self, location: Location) -> bool:
-        if location.scheme == "file":
-            return Path(location.key).is_dir()
-        return location.key == "" or location.key.endswith("/")
-
-    def _list_prefix(self, location: Location) -> list[ObjectRef]:
-        refs = [ref for ref in self.access(location).list(location) if not ref.name.endswith("/")]
-        self._prefixes.append(location.url)
-        return refs
-
-    def _find_named(self, named: list[Location]) -> list[ObjectRef]:
-        """Named objects: one HEAD for a single object, else LIST pages of their common prefix.
-        A single S3/GCS name that is no object but a "directory" (``s3://b/images``) is that prefix."""
-        groups: dict[tuple[str, str], list[Location]] = {}
-        for location in named:
-            groups.setdefault((location.scheme, location.bucket), []).append(location)
-        listed: dict[str, list[ObjectRef]] = {}
-        for (scheme, bucket), locations in groups.items():
-            access = self.access(locations[0])
-            if len(locations) > 1 and scheme != "file":
-                prefix = posixpath.commonprefix([location.key for location in locations])
-                for ref in access.list(Location(scheme, bucket, prefix)):
-                    listed[ref.url] = [ref]
-                continue
-            for location in locations:
-                head = access.head(location, self.version_id, self.generation)
-                if head is not None:
-                    if self.version_id:
-                        head = ObjectRef(head.location, head.size, head.etag, self.version_id)
-                    listed[location.url] = [head]
-                elif scheme != "file" and not (self.version_id or self.generation is not None):
-                    children = self._list_prefix(location.child(location.key + "/"))
-                    if children:
-                        listed[location.url] = children
-                    else:
-                        self._prefixes.pop()
-        refs: list[ObjectRef] = []
-        for location in named:
-            if location.url not in listed:
-                what = " (that version)" if self.version_id or self.generation is not None else ""
-                raise SourceError(f"source object {location.url}{what} does not exist; nothing was cached")
-            refs.extend(listed[location.url])
-        return refs
-
-    def _check_etags(self, refs: list[ObjectRef]) -> None:
-        if self.etag is None:
-            return
-        if isinstance(self.etag, str):
-            if len(refs) != 1:
-                raise ValueError("etag= as a string pins one object: pass a mapping of URL to ETag for several")
-            wanted = {refs[0].url: self.etag}
-        else:
-            wanted = dict(self.etag)
-        by_url = {ref.url: ref for ref in refs}
-        for url, etag in wanted.items():
-            ref = by_url.get(url)
-            if ref is None:
-                raise SourceError(f"etag= names {url}, which is not one of the source objects")
-            if ref.etag != etag.strip('"'):
-                raise SourceChangedError(
-                    f"source object {url} has ETag {ref.etag}, not the {etag.strip(chr(34))} asked for (etag=): "
-                    "it changed since that ETag was taken; nothing was cached. Pass its current ETag, or "
-                    "version_id= for the old version in a versioned bucket"
-                )
 
     # -- parallel builds ------------------------------------------------------------------------
     def shard_recipes(self, files_per_shard: int = FILES_PER_BUILD_SHARD) -> list[dict[str, Any]]:
