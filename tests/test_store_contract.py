@@ -8,6 +8,7 @@ published location, each with its own node-local root, as separate machines woul
 
 from __future__ import annotations
 
+import ast
 import inspect
 import uuid
 from pathlib import Path
@@ -231,3 +232,30 @@ def test_every_store_class_has_every_member_of_the_protocol(tmp_path: Path) -> N
                 expected = list(inspect.signature(declared).parameters)[1:]
                 assert list(inspect.signature(getattr(remote, name)).parameters) == expected, name
     assert [store.remote.mirror_builds() if store.remote else None for store in stores] == [None, None, []]
+
+
+def _modules_outside_store() -> list[tuple[Path, ast.Module]]:
+    return [
+        (path, ast.parse(path.read_text(), str(path)))
+        for path in sorted(PACKAGE.rglob("*.py"))
+        if PACKAGE / "store" not in path.parents
+    ]
+
+
+def _names_in(node: ast.AST) -> set[str]:
+    return {n.id for n in ast.walk(node) if isinstance(n, ast.Name)} | {
+        n.attr for n in ast.walk(node) if isinstance(n, ast.Attribute)
+    }
+
+
+STORE_CLASSES = {"Store", "RemoteStore", "CacheStore", "RemoteCacheStore", "MirroredCacheStore"}
+
+
+def test_stores_are_built_only_by_the_factory_outside_the_store() -> None:
+    found = [
+        f"{path.relative_to(PACKAGE.parent)}:{node.lineno}"
+        for path, tree in _modules_outside_store()
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call) and _names_in(node.func) & STORE_CLASSES
+    ]
+    assert found == []

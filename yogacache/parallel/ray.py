@@ -36,7 +36,7 @@ from yogacache.parallel.shards import (
     write_shard,
 )
 from yogacache.progress import Progress
-from yogacache.store import open_store
+from yogacache.store import RemoteStore, open_store
 
 log = logging.getLogger(__name__)
 
@@ -56,16 +56,16 @@ def _ray() -> Any:
     return ray
 
 
-def _remote_store(target: Any) -> Any:
+def _remote_store(target: Any) -> RemoteStore:
     """The remote store of ``target``; ConfigError for a plain directory (tasks on other nodes
     could not publish into it: a shared directory is given as a ``file://`` URL)."""
     store = open_store(target, show_progress=False)
-    if getattr(store, "objects", None) is None:
+    if store.remote is None:
         raise ConfigError(
             f"a Ray build writes to remote storage (s3://, gs://, or file:///shared/dir for a directory every "
             f"node mounts), not to the local directory {store.root}"
         )
-    return store
+    return store.remote
 
 
 class _Publication:
@@ -99,7 +99,7 @@ class _Publication:
         if self.store.objects.write(self.manifest_key, manifest.to_bytes(), if_absent=True) is None:
             self.abort()
             raise CacheExistsError(f"another builder published {self.where} first; this build was not published")
-        self.store._delete_unreferenced(self.dataset_id, self.dataset_version)  # killed attempts' parts
+        self.store.delete_unreferenced(self.dataset_id, self.dataset_version)  # killed attempts' parts
         return manifest
 
     def abort(self) -> None:

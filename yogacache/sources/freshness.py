@@ -184,10 +184,8 @@ def check_before_sync(
     be rebuilt or refused). Returns the build id that passed the check (or was rebuilt), so that
     the hit does not check it again; None if nothing is published, the store has no remote, or
     a local copy exists (the hit then costs its one manifest read, and checks what it opens)."""
-    if getattr(store, "remote_url", None) is None:
-        return None
-    local_manifest = getattr(store, "local_manifest", None)
-    if local_manifest is not None and local_manifest(dataset_id, dataset_version) is not None:
+    remote = store.remote
+    if remote is None or remote.local_manifest(dataset_id, dataset_version) is not None:
         return None
     try:
         published = store.manifest(dataset_id, dataset_version)

@@ -23,6 +23,7 @@ from yogacache.format.manifest import Manifest
 from yogacache.locks import FileLock, LockTimeoutError
 from yogacache.sizes import format_size
 from yogacache.store import budget
+from yogacache.store.base import RemoteStore
 from yogacache.store.localroot import read_origin
 
 log = logging.getLogger(__name__)
@@ -102,13 +103,14 @@ class CollectResult:
     stranded: list[str] = field(default_factory=list)  # remote part objects no manifest names
 
 
-def collect(store: Any, limit: int, *, dry_run: bool = False) -> CollectResult:
+def collect(store: RemoteStore, limit: int, *, dry_run: bool = False) -> CollectResult:
     """Brings the node-local data of ``store`` under ``limit`` by the eviction policy, and removes
-    the remote's part objects no published manifest names (``RemoteCacheStore.remove_stranded``)."""
+    the remote's part objects no published manifest names (``RemoteStore.remove_stranded``).
+
+    Only a remote store has copies to collect: a shared_fs or local store's caches are the only
+    ones (``store.remote`` is None there, and nothing calls this)."""
     root = store.local.root
-    if not getattr(store, "remote_url", None) or not hasattr(store, "objects"):
-        return CollectResult([], 0, 0, limit, 0)  # a shared_fs or local store: only copies
-    stranded = store.remove_stranded(dry_run=dry_run) if hasattr(store, "remove_stranded") else []
+    stranded = store.remove_stranded(dry_run=dry_run)
     with budget.budget_lock(root):
         items = budget.local_items(root)
         leases = budget.live_leases(root)

@@ -36,29 +36,20 @@ from yogacache.format.yogadl_legacy import (
 from yogacache.locks import FileLock, busy_note
 from yogacache.progress import Progress
 from yogacache.read.reader import CacheReader
-from yogacache.store.base import Store
+from yogacache.store.base import RemoteStore, Store
+from yogacache.store.local import CacheStore
 
 log = logging.getLogger(__name__)
 
 __all__ = ["fetch", "get_or_build", "legacy_location", "legacy_state", "migrate"]
 
 
-def _objects(store: Store) -> Any:
-    """The object store of a remote store, None for a directory store."""
-    return getattr(store, "objects", None)
-
-
-def _local(store: Store) -> Any:
-    """The directory store that holds this store's (local copies of) caches."""
-    return getattr(store, "local", store)
-
-
 def legacy_location(store: Store, dataset_id: str, dataset_version: str) -> str:
     """Where a YogaDL cache of (dataset_id, dataset_version) would be: a path or a URL."""
-    objects = _objects(store)
-    if objects is not None:
-        return str(objects.url(store.key(dataset_id, dataset_version, LEGACY_CACHE_NAME)))  # type: ignore[attr-defined]
-    return str(_local(store).cache_dir(dataset_id, dataset_version) / LEGACY_CACHE_NAME)
+    remote = store.remote
+    if remote is not None:
+        return remote.objects.url(remote.key(dataset_id, dataset_version, LEGACY_CACHE_NAME))
+    return str(store.local.cache_dir(dataset_id, dataset_version) / LEGACY_CACHE_NAME)
 
 
 def legacy_state(store: Store, dataset_id: str, dataset_version: str) -> Optional[LegacyFileState]:
@@ -67,11 +58,11 @@ def legacy_state(store: Store, dataset_id: str, dataset_version: str) -> Optiona
     A local file is identified by size and modification time; an object by its size (what
     listing tells without downloading it).
     """
-    objects = _objects(store)
-    if objects is None:
-        return LegacyFileState.of_file(_local(store).cache_dir(dataset_id, dataset_version) / LEGACY_CACHE_NAME)
-    key = store.key(dataset_id, dataset_version, LEGACY_CACHE_NAME)  # type: ignore[attr-defined]
-    for info in objects.list(key):
+    remote = store.remote
+    if remote is None:
+        return LegacyFileState.of_file(store.local.cache_dir(dataset_id, dataset_version) / LEGACY_CACHE_NAME)
+    key = remote.key(dataset_id, dataset_version, LEGACY_CACHE_NAME)
+    for info in remote.objects.list(key):
         if info.key == key:
             return LegacyFileState(size=info.size, version="object")
     return None
@@ -96,9 +87,9 @@ def migrate(store: Store, dataset_id: str, dataset_version: str, *, force: bool 
     cache.mdb, unless ``force``. CacheNotFoundError when there is no YogaDL cache;
     ``RefusedPickleError`` when the cache.mdb holds a pickle YogaDL never wrote.
     """
-    if _objects(store) is not None:
-        return _migrate_remote(store, dataset_id, dataset_version, force)
-    local = _local(store)
+    if store.remote is not None:
+        return _migrate_remote(store.remote, dataset_id, dataset_version, force)
+    local = store.local
     with FileLock(local.lock_path(dataset_id, dataset_version)):
         state, current = _check_migration(store, dataset_id, dataset_version, force)
         if current is not None and not force and _converted_state(current) == state:
@@ -128,7 +119,7 @@ def _check_migration(
     return state, current
 
 
-def _migrate_remote(store: Any, dataset_id: str, dataset_version: str, force: bool) -> Manifest:
+def _migrate_remote(store: RemoteStore, dataset_id: str, dataset_version: str, force: bool) -> Manifest:
     """Builds the published cache from the cache.mdb object through the store (its lease lets
     one node convert while the others wait; its build replaces a published cache); the object
     stays."""
@@ -139,9 +130,9 @@ def _migrate_remote(store: Any, dataset_id: str, dataset_version: str, force: bo
         reader = store.get_or_build(
             dataset_id, dataset_version, lambda: _legacy_source(store, dataset_id, dataset_version, state)
         )
-        return reader.manifest  # type: ignore[no-any-return]
+        return reader.manifest
     # Converted from an older cache.mdb, or replaced on request.
-    return store.build(  # type: ignore[no-any-return]
+    return store.build(
         dataset_id, dataset_version, _legacy_source(store, dataset_id, dataset_version, state)
     )
 
@@ -152,7 +143,7 @@ class _DownloadedYogaDLSource:
 
     kind = YogaDLSource.kind
 
-    def __init__(self, store: Any, dataset_id: str, dataset_version: str, state: LegacyFileState) -> None:
+    def __init__(self, store: RemoteStore, dataset_id: str, dataset_version: str, state: LegacyFileState) -> None:
         key = store.key(dataset_id, dataset_version, LEGACY_CACHE_NAME)
         self.path = store.local.root / dataset_id / f".{dataset_version}.yogadl-{uuid.uuid4().hex[:8]}.mdb"
         self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o755)
@@ -177,14 +168,16 @@ class _DownloadedYogaDLSource:
             self.path.unlink(missing_ok=True)
 
 
-def _legacy_source(store: Any, dataset_id: str, dataset_version: str, state: LegacyFileState) -> AnnotatedSource:
+def _legacy_source(
+    store: RemoteStore, dataset_id: str, dataset_version: str, state: LegacyFileState
+) -> AnnotatedSource:
     """What a remote store builds a converted cache from (the conversion recorded in its manifest)."""
     return AnnotatedSource(
         _DownloadedYogaDLSource(store, dataset_id, dataset_version, state), {LEGACY_EXTRA_KEY: state.to_json()}
     )
 
 
-def _convert(local: Any, dataset_id: str, dataset_version: str, path: Path, state: LegacyFileState) -> Manifest:
+def _convert(local: CacheStore, dataset_id: str, dataset_version: str, path: Path, state: LegacyFileState) -> Manifest:
     """Writes the yogacache cache of the cache.mdb at ``path`` into the directory that holds
     it, which keeps the cache.mdb (the caller holds the cache's lock)."""
     source = YogaDLSource(path)
@@ -219,9 +212,8 @@ def _drop_stale(store: Store, dataset_id: str, dataset_version: str, manifest: M
     current = _manifest(store, dataset_id, dataset_version)
     if current is None or current.build_id != manifest.build_id:
         return  # another process removed (and perhaps rebuilt) it meanwhile
-    remote = _objects(store) is not None
     try:
-        store.remove(dataset_id, dataset_version, remote=remote, local=True)
+        store.remove(dataset_id, dataset_version, remote=store.remote is not None, local=True)
     except CacheNotFoundError:
         pass  # another process removed it first
 
@@ -245,7 +237,7 @@ def _resolve(store: Store, dataset_id: str, dataset_version: str) -> Optional[bo
 
 def fetch(store: Store, dataset_id: str, dataset_version: str) -> CacheReader:
     """``store.open``, where a YogaDL cache counts as a cache (converted on first use)."""
-    if _objects(store) is None:
+    if store.remote is None:
         if _resolve(store, dataset_id, dataset_version) is None:
             where = store.location(dataset_id, dataset_version)
             raise CacheNotFoundError(
@@ -270,13 +262,14 @@ def get_or_build(
     store: Store, dataset_id: str, dataset_version: str, make_data: Callable[[], Any]
 ) -> CacheReader:
     """``store.get_or_build``, where a YogaDL cache counts as a cache (converted on first use)."""
-    if _objects(store) is None:
+    remote = store.remote
+    if remote is None:
         _resolve(store, dataset_id, dataset_version)
         return store.get_or_build(dataset_id, dataset_version, make_data)
 
     def build() -> Any:  # on a miss, under the store's build lease
-        state = legacy_state(store, dataset_id, dataset_version)
-        return make_data() if state is None else _legacy_source(store, dataset_id, dataset_version, state)
+        state = legacy_state(remote, dataset_id, dataset_version)
+        return make_data() if state is None else _legacy_source(remote, dataset_id, dataset_version, state)
 
     reader = store.get_or_build(dataset_id, dataset_version, build)
     if _follow_remote(store, dataset_id, dataset_version, reader.manifest):
