@@ -195,6 +195,14 @@ class Cloud:
         """The test server's root URL, where a FaultProxy in front of it forwards to."""
         return str(self.server.endpoint_url if self.kind == "s3" else self.server.url)
 
+    def url(self, bucket: str, prefix: str) -> str:
+        """The storage URL of ``prefix`` in ``bucket`` (``s3://``, ``gs://``, ``az://``)."""
+        return f"{ {'s3': 's3', 'gcs': 'gs', 'azure': 'az'}[self.kind]}://{bucket}/{prefix}"
+
+    def cli_args(self) -> list[str]:
+        """What the CLI is told besides a URL of this cloud (GCS and Azure: the environment says it)."""
+        return ["--endpoint-url", self.server.endpoint_url] if self.kind == "s3" else []
+
     def through(self, config: dict[str, Any], proxy_url: str) -> dict[str, Any]:
         """``config`` reaching the server through the proxy at ``proxy_url`` (GCS: set
         ``STORAGE_EMULATOR_HOST`` to it instead)."""

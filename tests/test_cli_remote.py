@@ -45,8 +45,7 @@ class Remote:
         self.bucket = cloud.new_bucket()
         self.tmp_path = tmp_path
         self.local_b = tmp_path / "node-b"
-        scheme = "s3" if cloud.kind == "s3" else "gs"
-        self.url = f"{scheme}://{self.bucket}/{PREFIX}"
+        self.url = cloud.url(self.bucket, PREFIX)
 
     def node(self, name: str) -> RemoteCacheStore:
         return RemoteCacheStore(
@@ -54,8 +53,7 @@ class Remote:
         )
 
     def args(self) -> list[str]:
-        extra = ["--endpoint-url", self.cloud.server.endpoint_url] if self.cloud.kind == "s3" else []
-        return ["--storage", self.url, "--local-cache", str(self.local_b), *extra]
+        return ["--storage", self.url, "--local-cache", str(self.local_b), *self.cloud.cli_args()]
 
     def cli(self, command: str, *args: str, stdin: Optional[str] = None) -> subprocess.CompletedProcess[str]:
         return run_cli(command, *self.args(), *args, stdin=stdin)
@@ -72,7 +70,7 @@ def s3_remote(s3_server: Any, tmp_path: Path) -> Remote:
     return Remote(Cloud("s3", s3_server), tmp_path)
 
 
-@pytest.fixture(params=["s3", "gcs"])
+@pytest.fixture(params=["s3", "gcs", "azure"])
 def any_remote(request: pytest.FixtureRequest, tmp_path: Path) -> Remote:
     kind = request.param
     return Remote(Cloud(kind, request.getfixturevalue(f"{kind}_server")), tmp_path)

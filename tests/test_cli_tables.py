@@ -65,13 +65,12 @@ def test_the_local_table_fits_80_columns_without_cutting_an_id(tmp_path: Path) -
         assert any(line.rstrip().endswith(version) for line in lines), lines
 
 
-@pytest.mark.parametrize("kind", ["s3", "gcs"])
+@pytest.mark.parametrize("kind", ["s3", "gcs", "azure"])
 def test_the_remote_tables_fit_80_columns_and_keep_local_copy(kind: str, tmp_path: Path, request: Any) -> None:
     cloud = Cloud(kind, request.getfixturevalue(f"{kind}_server"))
     bucket = cloud.new_bucket()
     build_all(RemoteCacheStore(cloud.store(bucket, "caches"), tmp_path / "node", show_progress=False))
-    url = f"{'s3' if kind == 's3' else 'gs'}://{bucket}/caches"
-    extra = ["--endpoint-url", cloud.server.endpoint_url] if kind == "s3" else []
+    url, extra = cloud.url(bucket, "caches"), cloud.cli_args()
     result = run_cli("ls", "--storage", url, "--local-cache", str(tmp_path / "node"), *extra)
     assert result.returncode == 0, result.stderr
     lines = check_table(result.stdout, _header(result.stdout))
