@@ -9,13 +9,13 @@ import pytest
 
 from yogacache.dataref import CacheDataRef
 from yogacache.read.options import ReadOptions
+from yogacache.read.parts_shuffle import PartsMode
 from yogacache.read.schedule import ReadSchedule, ResumeState
 from yogacache.read.shuffle import (
     SHUFFLE_MODES,
     ArrayPlan,
     EpochPlan,
     GlobalMode,
-    PartsMode,
     ShardMode,
     ShuffleMode,
     shuffle_mode,

@@ -467,9 +467,9 @@ print("first batch", int(first[1].shape[0]), flush=True)
 @pytest.fixture
 def small_first_reads(monkeypatch: pytest.MonkeyPatch) -> None:
     """Epochs start with a 32-record read (as for large records), then 64, 128, ..."""
-    import yogacache.read.pipeline
+    import yogacache.read.epochs
 
-    monkeypatch.setattr(yogacache.read.pipeline, "FIRST_READ_BYTES", 0)
+    monkeypatch.setattr(yogacache.read.epochs, "FIRST_READ_BYTES", 0)
 
 
 def test_first_read_fits_a_consumer_batch_of_small_records(tmp_path: Path) -> None:

@@ -19,13 +19,13 @@ SCRIPT = r"""
 import json, os, sys
 import numpy as np
 import tensorflow as tf
-import yogacache.read.pipeline as pipeline
+import yogacache.read.epochs as epochs
 from yogacache.dataref import CacheDataRef
 from yogacache.store.local import CacheStore
 from yogacache.tensorflow import make_tf_dataset
 
 # Many reads per epoch (16, 32, 64, 64, ...), so that reads happen on both sides of the save.
-pipeline.FULL_READ_RECORDS, pipeline.FIRST_READ_RECORDS, pipeline.FIRST_READ_BYTES = 64, 16, 0
+epochs.FULL_READ_RECORDS, epochs.FIRST_READ_RECORDS, epochs.FIRST_READ_BYTES = 64, 16, 0
 root, phase, kwargs = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
 store = CacheStore(root)
 if not store.exists("ck", "v1"):

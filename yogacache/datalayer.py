@@ -15,7 +15,7 @@ from yogacache.errors import UnsupportedDatasetError
 from yogacache.format.integrity import Verify
 from yogacache.format.writer import BuildLimits
 from yogacache.names import validate_name
-from yogacache.read.options import DEFAULT_PARTS_WINDOW, DEFAULT_SHUFFLE_MODE, ReadOptions
+from yogacache.read.options import ReadOptions, mode_keywords
 from yogacache.read.schedule import ResumeState
 from yogacache.store import open_store
 from yogacache.store import yogadl as yogadl_caches
@@ -112,7 +112,7 @@ class DataLayer:
         dataset_id: str,
         dataset_version: str,
         suffix: str,
-        read_options: Callable[[launcher.RankInfo], ReadOptions],
+        read_arguments: Mapping[str, Any],
         returns: str,
         workers: Optional[int] = None,
         build_shards: Optional[int] = None,
@@ -128,7 +128,11 @@ class DataLayer:
             def cached(*args: Any, **kwargs: Any) -> Any:
                 ref = cached_ref(*args, **kwargs)
                 contexts = [a for a in (*args, *kwargs.values()) if launcher.is_input_context(a)]
-                return _ADAPTERS[returns](ref, read_options(self.rank_for(contexts[0] if contexts else None)))
+                ranks = self.rank_for(contexts[0] if contexts else None)
+                options = ReadOptions.from_stream_args(
+                    **read_arguments, shuffle_seed=self.seed, shard_rank=ranks.rank, num_shards=ranks.num_shards
+                )
+                return _ADAPTERS[returns](ref, options)
 
             return cached
 
@@ -198,13 +202,10 @@ class DataLayer:
         shuffle: bool = False,
         skip_shuffle_at_epoch_end: bool = False,
         *,
-        shuffle_mode: str = DEFAULT_SHUFFLE_MODE,
-        parts_window: int = DEFAULT_PARTS_WINDOW,
-        ranks_per_node: Optional[int] = None,
         returns: str = "tf",
-        skip_shuffle_end_of_epoch: Optional[bool] = None,
         workers: Optional[int] = None,
         build_shards: Optional[int] = None,
+        **read_arguments: Any,
     ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
         """Decorates a function returning a dataset (tf.data, map-style torch, or any iterable);
         the result returns this rank's cached training shard (version ``<version>_train``,
@@ -219,32 +220,26 @@ class DataLayer:
         (see docs/shuffle.md). ``returns`` picks what the decorated function returns: a
         ``tf.data.Dataset`` ("tf"), a ``yogacache.torch.CacheIterableDataset`` ("torch") or a
         ``Stream`` ("stream").
-        ``skip_shuffle_end_of_epoch`` is Determined's spelling of ``skip_shuffle_at_epoch_end``.
+        ``skip_shuffle_end_of_epoch`` is Determined's spelling of ``skip_shuffle_at_epoch_end``;
+        ``shuffle_mode``, ``skip_shuffle_end_of_epoch`` and the mode's settings (``parts_window``,
+        ``ranks_per_node``, …) go to ``ReadOptions.from_stream_args``.
         ``workers=N`` builds a miss with N processes; ``build_shards=K`` makes the function a builder
         called as ``f(shard_index=i, num_shards=K)`` (see docs/parallel-build.md).
         """
-        skip_shuffle_at_epoch_end = skip_shuffle_flag(skip_shuffle_at_epoch_end, skip_shuffle_end_of_epoch)
-        return self._decorate(
-            dataset_id,
-            dataset_version,
-            TRAIN_SUFFIX,
-            lambda ranks: ReadOptions.from_stream_args(
-                start_offset=self.offset,
-                shuffle=shuffle,
-                skip_shuffle_at_epoch_end=skip_shuffle_at_epoch_end,
-                shuffle_seed=self.seed,
-                shard_rank=ranks.rank,
-                num_shards=ranks.num_shards,
-                drop_shard_remainder=True,
-                shuffle_mode=shuffle_mode,
-                resume_state=self.resume_state,
-                parts_window=parts_window,
-                ranks_per_node=ranks_per_node,
+        unknown = sorted(set(read_arguments) - {"shuffle_mode", "skip_shuffle_end_of_epoch", *mode_keywords()})
+        if unknown:
+            raise TypeError(f"cache_train_dataset got unexpected keyword arguments {unknown}")
+        arguments = {
+            "start_offset": self.offset,
+            "resume_state": self.resume_state,
+            "shuffle": shuffle,
+            "skip_shuffle_at_epoch_end": skip_shuffle_flag(
+                skip_shuffle_at_epoch_end, read_arguments.pop("skip_shuffle_end_of_epoch", None)
             ),
-            returns,
-            workers,
-            build_shards,
-        )
+            "drop_shard_remainder": True,
+            **read_arguments,
+        }
+        return self._decorate(dataset_id, dataset_version, TRAIN_SUFFIX, arguments, returns, workers, build_shards)
 
     def cache_validation_dataset(
         self,
@@ -263,15 +258,7 @@ class DataLayer:
             dataset_id,
             dataset_version,
             VALIDATION_SUFFIX,
-            lambda ranks: ReadOptions.from_stream_args(
-                start_offset=0,
-                shuffle=shuffle,
-                skip_shuffle_at_epoch_end=True,
-                shuffle_seed=self.seed,
-                shard_rank=ranks.rank,
-                num_shards=ranks.num_shards,
-                drop_shard_remainder=False,
-            ),
+            {"shuffle": shuffle, "skip_shuffle_at_epoch_end": True},
             returns,
             workers,
             build_shards,

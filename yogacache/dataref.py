@@ -18,13 +18,12 @@ from typing import Any, Callable, Mapping, Optional, Union
 import numpy as np
 
 from yogacache import launcher
-from yogacache.arguments import skip_shuffle_flag
 from yogacache.errors import CacheNotFoundError
 from yogacache.format.manifest import MANIFEST_NAME
 from yogacache.format.sources import AnnotatedSource, source_for
 from yogacache.format.spec import Spec
 from yogacache.format.yogadl_legacy import LEGACY_CACHE_NAME
-from yogacache.read.options import DEFAULT_PARTS_WINDOW, DEFAULT_SHUFFLE_MODE, ReadOptions
+from yogacache.read.options import ReadOptions, stream_signature
 from yogacache.read.pipeline import Stream, read_stream
 from yogacache.read.reader import CacheReader
 from yogacache.sources.freshness import check_before_sync, ensure_fresh
@@ -50,17 +49,11 @@ class DataRef(metaclass=abc.ABCMeta):
     """A reference to a cached dataset; the only way to its records is a Stream."""
 
     @abc.abstractmethod
-    def stream(
-        self,
-        start_offset: int = 0,
-        shuffle: bool = False,
-        skip_shuffle_at_epoch_end: bool = False,
-        shuffle_seed: Optional[int] = None,
-        shard_rank: int = 0,
-        num_shards: int = 1,
-        drop_shard_remainder: bool = False,
-    ) -> Stream:
-        """A stream over one shard of the dataset, in the order the arguments define."""
+    def stream(self, *args: Any, **kwargs: Any) -> Stream:
+        """A stream over one shard of the dataset, in the order the arguments define: YogaDL's
+        ``start_offset=0, shuffle=False, skip_shuffle_at_epoch_end=False, shuffle_seed=None,
+        shard_rank=0, num_shards=1, drop_shard_remainder=False``
+        (``yogacache.read.options.STREAM_ARGUMENTS``)."""
 
     @abc.abstractmethod
     def __len__(self) -> int:
@@ -99,41 +92,16 @@ class CacheDataRef(DataRef):
     def __len__(self) -> int:
         return len(self.reader)
 
-    def stream(
-        self,
-        start_offset: int = 0,
-        shuffle: bool = False,
-        skip_shuffle_at_epoch_end: bool = False,
-        shuffle_seed: Optional[int] = None,
-        shard_rank: int = 0,
-        num_shards: int = 1,
-        drop_shard_remainder: bool = False,
-        *,
-        shuffle_mode: str = DEFAULT_SHUFFLE_MODE,
-        resume_state: Optional[Mapping[str, Any]] = None,
-        skip_shuffle_end_of_epoch: Optional[bool] = None,
-        parts_window: int = DEFAULT_PARTS_WINDOW,
-        ranks_per_node: Optional[int] = None,
-    ) -> Stream:
+    def stream(self, *args: Any, **kwargs: Any) -> Stream:
         """YogaDL's ``stream``, plus ``shuffle_mode="global"`` (each epoch one permutation of the
         whole dataset dealt out to the ranks, resumable with any number of ranks) and
         ``resume_state`` (a ``Stream.state_dict`` result, instead of ``start_offset``).
         ``skip_shuffle_end_of_epoch`` is Determined's spelling of ``skip_shuffle_at_epoch_end``;
-        ``parts_window`` and ``ranks_per_node`` tune ``shuffle_mode="parts"`` (see ``ReadOptions``)."""
-        options = ReadOptions.from_stream_args(
-            start_offset,
-            shuffle,
-            skip_shuffle_flag(skip_shuffle_at_epoch_end, skip_shuffle_end_of_epoch),
-            shuffle_seed,
-            shard_rank,
-            num_shards,
-            drop_shard_remainder,
-            shuffle_mode=shuffle_mode,
-            resume_state=resume_state,
-            parts_window=parts_window,
-            ranks_per_node=ranks_per_node,
-        )
-        return self.open_stream(options)
+        ``parts_window`` and ``ranks_per_node`` tune ``shuffle_mode="parts"`` (any mode's setting
+        keywords are taken: ``ReadOptions``). The arguments are ``ReadOptions.from_stream_args``'s."""
+        return self.open_stream(ReadOptions.from_stream_args(*args, **kwargs))
+
+    stream.__signature__ = stream_signature()  # type: ignore[attr-defined]
 
     def open_stream(self, options: ReadOptions) -> Stream:
         """The stream ``options`` define (``stream`` with its arguments already converted)."""

@@ -258,6 +258,20 @@ class DeterminedDataLayer:
 
     Build it with ``yogacache.determined.data_layer(context)``. The storage is opened when a
     decorator is first used, so a trial that never caches creates no directory.
+
+    Args:
+        context: the Core API context of ``det.core.init()``, or the ``PyTorchTrialContext`` /
+            ``TFKerasTrialContext`` (any ``det.TrialContext``) the trial receives.
+        storage: a ``data_layer`` dict (or parsed config) to use instead of the experiment
+            config's section; required when the experiment config has none (off-cluster).
+        info: for a Core API context, the cluster info (default: the context's own).
+        per_slot_batch_size: records per slot per batch, when no ``global_batch_size``
+            hyperparameter gives it (needed only to resume).
+        steps_completed: batches already trained, when the context does not know (Core API
+            off-cluster, resuming from your own checkpoint).
+        seed: the shuffle seed, instead of the trial seed.
+        returns: "tf", "torch" or "stream" (default: "torch" for a PyTorch trial, else "tf").
+        layer_options: further ``DataLayer`` options (``max_records``, ``verify``, ...).
     """
 
     def __init__(
@@ -416,43 +430,11 @@ class DeterminedDataLayer:
         return decorator
 
 
-def data_layer(
-    context: Any,
-    *,
-    storage: Optional[Storage] = None,
-    info: Optional[det.ClusterInfo] = None,
-    per_slot_batch_size: Optional[int] = None,
-    steps_completed: Optional[int] = None,
-    seed: Optional[int] = None,
-    returns: Optional[str] = None,
-    **layer_options: Any,
-) -> DeterminedDataLayer:
-    """The removed ``context.experimental``: ``cache_train_dataset`` and ``cache_validation_dataset``.
-
-    Args:
-        context: the Core API context of ``det.core.init()``, or the ``PyTorchTrialContext`` /
-            ``TFKerasTrialContext`` (any ``det.TrialContext``) the trial receives.
-        storage: a ``data_layer`` dict (or parsed config) to use instead of the experiment
-            config's section; required when the experiment config has none (off-cluster).
-        info: for a Core API context, the cluster info (default: the context's own).
-        per_slot_batch_size: records per slot per batch, when no ``global_batch_size``
-            hyperparameter gives it (needed only to resume).
-        steps_completed: batches already trained, when the context does not know (Core API
-            off-cluster, resuming from your own checkpoint).
-        seed: the shuffle seed, instead of the trial seed.
-        returns: "tf", "torch" or "stream" (default: "torch" for a PyTorch trial, else "tf").
-        layer_options: further ``DataLayer`` options (``max_records``, ``verify``, ...).
-    """
-    return DeterminedDataLayer(
-        context,
-        storage=storage,
-        info=info,
-        per_slot_batch_size=per_slot_batch_size,
-        steps_completed=steps_completed,
-        seed=seed,
-        returns=returns,
-        **layer_options,
-    )
+def data_layer(context: Any, **options: Any) -> DeterminedDataLayer:
+    """The removed ``context.experimental``: ``cache_train_dataset`` and ``cache_validation_dataset``
+    for the trial of ``context``; ``options`` are ``DeterminedDataLayer``'s (``storage``,
+    ``per_slot_batch_size``, ``steps_completed``, ``seed``, ``returns``, ``DataLayer`` options)."""
+    return DeterminedDataLayer(context, **options)
 
 
 class RepeatEpochs:

@@ -31,11 +31,10 @@ except ImportError as error:  # pragma: no cover - exercised only without torch
     raise ImportError("yogacache.torch needs PyTorch: pip install 'yogacache[torch]'") from error
 
 from yogacache import launcher
-from yogacache.arguments import skip_shuffle_flag
 from yogacache.format.spec import STRING, Spec, TensorSpec, flatten, spec_leaves, unflatten
-from yogacache.read.options import DEFAULT_SHUFFLE_MODE, ReadOptions
-from yogacache.read.parts_shuffle import DEFAULT_PARTS_WINDOW, PartLayout
-from yogacache.read.pipeline import ReaderSource, ReadSizes, plan_reads, warn_random_streaming
+from yogacache.read.epochs import EpochReader
+from yogacache.read.options import ReadOptions, stream_arguments, stream_signature
+from yogacache.read.pipeline import ReaderSource
 from yogacache.read.reader import CacheReader
 from yogacache.read.schedule import ReadSchedule
 
@@ -175,7 +174,7 @@ class CacheIterableDataset(IterableDataset):  # type: ignore[type-arg]
     with ``DistributedSampler``) from the current resume point to its end; iterating again
     reads the same, so call ``set_epoch`` (or ``next_epoch``) between passes, as
     ``yogacache.determined.repeat_epochs`` does. Worker ``w`` of ``W`` reads blocks
-    ``w, w+W, …`` of ``batch_size`` records (``yogacache.read.pipeline.plan_reads``), which is
+    ``w, w+W, …`` of ``batch_size`` records (``yogacache.read.epochs.plan_reads``), which is
     the order a DataLoader with that batch size yields them in. ``from_options`` makes one from ``ReadOptions`` instead.
 
     Args:
@@ -194,40 +193,22 @@ class CacheIterableDataset(IterableDataset):  # type: ignore[type-arg]
     def __init__(
         self,
         source: CacheSource,
-        start_offset: int = 0,
-        shuffle: bool = False,
-        skip_shuffle_at_epoch_end: bool = False,
-        shuffle_seed: Optional[int] = None,
-        shard_rank: Optional[int] = None,
-        num_shards: Optional[int] = None,
-        drop_shard_remainder: bool = False,
-        *,
-        shuffle_mode: str = DEFAULT_SHUFFLE_MODE,
-        resume_state: Optional[Mapping[str, Any]] = None,
+        *args: Any,
         batch_size: Optional[int] = None,
         batched: bool = False,
         drop_last: bool = False,
         output: str = "torch",
-        skip_shuffle_end_of_epoch: Optional[bool] = None,
-        parts_window: int = DEFAULT_PARTS_WINDOW,
-        ranks_per_node: Optional[int] = None,
+        **kwargs: Any,
     ) -> None:
         reader = open_reader(source)
-        ranks = launcher.resolve(shard_rank, num_shards)
-        options = ReadOptions.from_stream_args(
-            start_offset,
-            shuffle,
-            skip_shuffle_flag(skip_shuffle_at_epoch_end, skip_shuffle_end_of_epoch),
-            shuffle_seed,
-            ranks.rank,
-            ranks.num_shards,
-            drop_shard_remainder,
-            shuffle_mode=shuffle_mode,
-            resume_state=resume_state,
-            parts_window=parts_window,
-            ranks_per_node=ranks_per_node,
-        )
+        named = stream_arguments(args, kwargs)
+        ranks = launcher.resolve(named.pop("shard_rank", None), named.pop("num_shards", None))
+        options = ReadOptions.from_stream_args(**named, shard_rank=ranks.rank, num_shards=ranks.num_shards)
         self._configure(reader, options, batch_size, batched, drop_last, output)
+
+    __init__.__signature__ = stream_signature(  # type: ignore[attr-defined]
+        ("self", "source"), batch_size=None, batched=False, drop_last=False, output="torch"
+    )
 
     @classmethod
     def from_options(
@@ -255,9 +236,7 @@ class CacheIterableDataset(IterableDataset):  # type: ignore[type-arg]
         output: str,
     ) -> None:
         self.reader = reader
-        self.schedule = ReadSchedule(
-            len(reader), options, PartLayout.from_manifest(reader.manifest), budget_bytes=reader.streaming_budget
-        )
+        self.epochs = EpochReader(reader, options)
         if batch_size is not None:
             batch_size = operator.index(batch_size)
             if batch_size < 1:
@@ -274,9 +253,7 @@ class CacheIterableDataset(IterableDataset):  # type: ignore[type-arg]
         self.drop_last = bool(drop_last)
         self.output = _check_output(output)
         self._leaves = spec_leaves(reader.spec)
-        self._read_sizes = ReadSizes.for_manifest(reader.manifest)
-        warn_random_streaming(reader, self.schedule, self._read_sizes)
-        self._epoch, self._position = self.schedule.start
+        self._epoch, self._position = self.epochs.start
         self._consumed = 0  # records handed out since the resume point, in the tracking process
         # True once this process counts what it hands out (it iterated the dataset itself, or a
         # CacheDataLoader counts for it); a plain DataLoader's workers count in their own copies.
@@ -289,11 +266,16 @@ class CacheIterableDataset(IterableDataset):  # type: ignore[type-arg]
 
     @property
     def rank(self) -> int:
-        return self.schedule.shard_rank
+        return self.epochs.options.shard_rank
 
     @property
     def num_shards(self) -> int:
-        return self.schedule.num_shards
+        return self.epochs.options.num_shards
+
+    @property
+    def schedule(self) -> ReadSchedule:
+        """The read order (``EpochReader.schedule``)."""
+        return self.epochs.schedule
 
     def set_epoch(self, epoch: int) -> None:
         """Reads ``epoch`` next; the resume point stays if it is in that epoch, else it is 0."""
@@ -322,7 +304,7 @@ class CacheIterableDataset(IterableDataset):  # type: ignore[type-arg]
                 stacklevel=2,
             )
         records = self._consumed if records_consumed is None else operator.index(records_consumed)
-        return self.schedule.state((self._epoch, self._position), records)
+        return self.epochs.state((self._epoch, self._position), records)
 
     def reset_consumed(self) -> None:
         """Counts the records handed out from zero again (a new pass over the epoch starts)."""
@@ -339,7 +321,7 @@ class CacheIterableDataset(IterableDataset):  # type: ignore[type-arg]
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Resumes at ``state`` (from ``state_dict``): the next iteration reads the rest of its epoch."""
-        self._epoch, self._position = self.schedule.resume_point(state)
+        self._epoch, self._position = self.epochs.resume_point(state)
         self.reset_consumed()
 
     def batch(self, batch_size: int, drop_last: bool = False) -> CacheIterableDataset:
@@ -360,18 +342,8 @@ class CacheIterableDataset(IterableDataset):  # type: ignore[type-arg]
         ``det.pytorch.DataLoader`` resumes a trial this way (it skips whole batches); a resume
         offset of ``batches x batch_size`` records would skip each epoch's shortfall instead.
         """
-        batches = operator.index(batches)
-        if batches < 0:
-            raise ValueError(f"batches must not be negative, got {batches}")
         size = self.batch_size if batch_size is None else operator.index(batch_size)
-        if size is None or size < 1:
-            raise ValueError(f"skip_batches needs a positive batch_size, got {size}")
-        records = self.schedule.remaining(0)
-        per_epoch = records // size if drop_last else -(-records // size)
-        if per_epoch == 0:  # an empty epoch (or one short batch dropped): nothing to skip
-            self._epoch, self._position = 0, 0
-        else:
-            self._epoch, self._position = batches // per_epoch, (batches % per_epoch) * size
+        self._epoch, self._position = self.epochs.after_batches(operator.index(batches), size, drop_last=drop_last)
         self.reset_consumed()
 
     # -- reading --------------------------------------------------------------------------
@@ -386,30 +358,27 @@ class CacheIterableDataset(IterableDataset):  # type: ignore[type-arg]
     def __len__(self) -> int:
         """Records (or, with ``batched``, batches) one iteration yields on this rank: the rest
         of the current epoch from the resume point."""
-        return self._yields(self.schedule.remaining(self._position))
+        return self._yields(self.epochs.remaining(self._position))
 
     @property
     def epoch_length(self) -> int:
         """Records (or, with ``batched``, batches) a whole epoch yields on this rank, wherever
         the resume point is."""
-        return self._yields(self.schedule.remaining(0))
+        return self._yields(len(self.epochs))
 
     def next_epoch(self) -> None:
         """Reads the next epoch from its start on the next iteration (``set_epoch(epoch + 1)``)."""
         self.set_epoch(self._epoch + 1)
 
     def __iter__(self) -> Iterator[Any]:
-        plan = self.schedule.plan(self._epoch, self._position)
-        # A streamed cache fetches this epoch's parts ahead, then the next epoch's.
-        self.reader.expect_plan(plan, lambda: self.schedule.plan(self._epoch + 1))
         info = get_worker_info()
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
         if info is None:
             self._counting_here = True
         self.reset_consumed()
-        reads = plan_reads(
-            plan,
-            self._read_sizes,
+        # A streamed cache fetches this epoch's parts ahead, then the next epoch's.
+        reads = self.epochs.reads(
+            (self._epoch, self._position),
             block_size=self.batch_size or 1,
             worker=worker,
             workers=workers,

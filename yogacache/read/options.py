@@ -2,31 +2,67 @@
 
 The facade (``DataRef.stream``, the DataLayer decorators, the torch dataset's constructor) keeps
 YogaDL's loose keyword arguments and converts them once with ``ReadOptions.from_stream_args``;
-everything below takes a ``ReadOptions``.
+everything below takes a ``ReadOptions``. A shuffle mode's own settings (``parts_window``, …)
+are keywords its ``options_type`` declares: they travel in ``settings`` and reach the mode as
+``mode_options``, so no signature lists them.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 import logging
 import secrets
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional
 
-from yogacache.arguments import as_int
-from yogacache.read.parts_shuffle import DEFAULT_PARTS_WINDOW, parts_window, ranks_per_node
-from yogacache.read.schedule import ResumeState
-from yogacache.read.shuffle import ShardMode, shuffle_mode
+from yogacache.arguments import as_int, skip_shuffle_flag
+from yogacache.read.shuffle import SHUFFLE_MODES, ResumeState, ShardMode, shuffle_mode
 
-__all__ = ["DEFAULT_SHUFFLE_MODE", "ReadOptions"]
+__all__ = [
+    "DEFAULT_SHUFFLE_MODE",
+    "ReadOptions",
+    "STREAM_ARGUMENTS",
+    "mode_keywords",
+    "stream_arguments",
+    "stream_signature",
+]
 
 log = logging.getLogger(__name__)
 
 DEFAULT_SHUFFLE_MODE = ShardMode.name
+#: YogaDL's ``DataRef.stream`` arguments, in its positional order, with their defaults.
+STREAM_ARGUMENTS: tuple[tuple[str, Any], ...] = (
+    ("start_offset", 0), ("shuffle", False), ("skip_shuffle_at_epoch_end", False), ("shuffle_seed", None),
+    ("shard_rank", 0), ("num_shards", 1), ("drop_shard_remainder", False),
+)  # fmt: skip
 
 
-@dataclass(frozen=True)
+def mode_keywords() -> dict[str, type[Any]]:
+    """Every registered mode's setting keywords, each with the ``options_type`` declaring it."""
+    declared: dict[str, type[Any]] = {}
+    for mode in SHUFFLE_MODES.values():
+        if mode.options_type is not None:
+            for each in dataclasses.fields(mode.options_type):
+                declared.setdefault(each.name, mode.options_type)
+    return declared
+
+
+def _default(keyword: str) -> Any:
+    """The default of a mode setting keyword."""
+    for each in dataclasses.fields(mode_keywords()[keyword]):
+        if each.name == keyword:
+            return each.default
+    raise KeyError(keyword)
+
+
+@dataclass(frozen=True, init=False)
 class ReadOptions:
     """How one rank reads a cache (see DESIGN.md, "Reading").
+
+    ``ReadOptions(**arguments)`` takes the attributes below by name, and any shuffle mode's
+    setting keywords (``parts_window=``, ``ranks_per_node=``: ``PartsOptions``) for every mode;
+    the mode in use gets its own as ``mode_options``.
 
     Attributes:
         start_offset: records of this rank already consumed (YogaDL's meaning): reading starts
@@ -43,10 +79,8 @@ class ReadOptions:
             rank reads as many records as the others.
         shuffle_mode: the name of a mode in ``yogacache.read.shuffle.SHUFFLE_MODES``.
         resume_state: a resume state dict (``Stream.state_dict``), instead of ``start_offset``.
-        parts_window: parts mixed at a time in ``"parts"`` mode (each rank then needs as
-            many parts, and one more to read ahead).
-        ranks_per_node: consecutive ranks that share a node (``"parts"`` mode gives each node
-            one run of parts, which its ranks read together); None: unknown, a run per rank.
+        settings: the mode setting keywords given that differ from their defaults, checked.
+        mode_options: the settings of the mode in use (its ``options_type``; None if none).
     """
 
     start_offset: int = 0
@@ -58,10 +92,26 @@ class ReadOptions:
     drop_shard_remainder: bool = False
     shuffle_mode: str = DEFAULT_SHUFFLE_MODE
     resume_state: Optional[Mapping[str, Any]] = None
-    parts_window: int = DEFAULT_PARTS_WINDOW
-    ranks_per_node: Optional[int] = None
+    settings: Mapping[str, Any] = field(default_factory=dict)
+    mode_options: Any = field(default=None, init=False, compare=False, repr=False)
 
-    def __post_init__(self) -> None:
+    def __init__(self, *args: Any, **arguments: Any) -> None:
+        names = [each.name for each in dataclasses.fields(self) if each.init]
+        if len(args) > len(names):
+            raise TypeError(f"ReadOptions takes at most {len(names)} positional arguments, got {len(args)}")
+        for name, value in zip(names, args):
+            if name in arguments:
+                raise TypeError(f"ReadOptions got multiple values for argument {name!r}")
+            arguments[name] = value
+        for each in dataclasses.fields(self):
+            if each.init:
+                default = each.default_factory() if each.default_factory is not dataclasses.MISSING else each.default
+                object.__setattr__(self, each.name, arguments.pop(each.name, default))
+        # What is left are mode settings: with ``settings`` (as ``dataclasses.replace`` passes it).
+        object.__setattr__(self, "settings", {**self.settings, **arguments})
+        self._check()
+
+    def _check(self) -> None:
         def normalize(name: str, value: Any) -> None:
             object.__setattr__(self, name, value)
 
@@ -82,9 +132,9 @@ class ReadOptions:
         if self.shuffle_seed is not None:
             normalize("shuffle_seed", as_int(self.shuffle_seed, "shuffle_seed"))
         mode = shuffle_mode(self.shuffle_mode)
-        normalize("parts_window", parts_window(self))
-        if self.ranks_per_node is not None:
-            normalize("ranks_per_node", ranks_per_node(self))
+        settings, mode_options = self._mode_settings(mode.options_type)
+        normalize("settings", settings)
+        normalize("mode_options", mode_options)
         if self.resume_state is not None:
             if start_offset:
                 raise ValueError("pass either start_offset or resume_state, not both")
@@ -103,33 +153,81 @@ class ReadOptions:
                 seed,
             )
 
+    def _mode_settings(self, own: Optional[type[Any]]) -> tuple[dict[str, Any], Any]:
+        """(the settings, checked, that differ from their defaults; the settings of the mode in
+        use). Every mode's keywords are accepted and checked, whichever mode reads."""
+        declared = mode_keywords()
+        unknown = sorted(set(self.settings) - set(declared))
+        if unknown:
+            raise TypeError(f"ReadOptions got unexpected keyword arguments {unknown}")
+        by_type: dict[type[Any], dict[str, Any]] = {}
+        for keyword, value in self.settings.items():
+            by_type.setdefault(declared[keyword], {})[keyword] = value
+        settings: dict[str, Any] = {}
+        mode_options = own() if own is not None else None
+        for options_type, given in by_type.items():
+            checked = options_type(**given)
+            defaults = options_type()
+            settings.update(
+                {key: getattr(checked, key) for key in given if getattr(checked, key) != getattr(defaults, key)}
+            )
+            if options_type is own:
+                mode_options = checked
+        return settings, mode_options
+
+    def setting(self, keyword: str) -> Any:
+        """The value of a mode setting keyword (its default when not given)."""
+        if keyword not in mode_keywords():
+            raise KeyError(f"no shuffle mode has a setting {keyword!r}")
+        return self.settings.get(keyword, _default(keyword))
+
+    @property
+    def parts_window(self) -> int:
+        """The ``"parts"`` mode's window (``PartsOptions.parts_window``), whatever the mode."""
+        return self.setting("parts_window")  # type: ignore[no-any-return]
+
+    @property
+    def ranks_per_node(self) -> Optional[int]:
+        """Consecutive ranks sharing a node (``PartsOptions.ranks_per_node``), whatever the mode."""
+        return self.setting("ranks_per_node")  # type: ignore[no-any-return]
+
     @classmethod
-    def from_stream_args(
-        cls,
-        start_offset: int = 0,
-        shuffle: bool = False,
-        skip_shuffle_at_epoch_end: bool = False,
-        shuffle_seed: Optional[int] = None,
-        shard_rank: int = 0,
-        num_shards: int = 1,
-        drop_shard_remainder: bool = False,
-        *,
-        shuffle_mode: str = DEFAULT_SHUFFLE_MODE,
-        resume_state: Optional[Mapping[str, Any]] = None,
-        parts_window: int = DEFAULT_PARTS_WINDOW,
-        ranks_per_node: Optional[int] = None,
-    ) -> ReadOptions:
-        """The options YogaDL's ``DataRef.stream(...)`` arguments (and ours after ``*``) stand for."""
-        return cls(
-            start_offset=start_offset,
-            shuffle=bool(shuffle),
-            reshuffle_each_epoch=bool(shuffle) and not skip_shuffle_at_epoch_end,
-            shuffle_seed=shuffle_seed,
-            shard_rank=shard_rank,
-            num_shards=num_shards,
-            drop_shard_remainder=drop_shard_remainder,
-            shuffle_mode=shuffle_mode,
-            resume_state=resume_state,
-            parts_window=parts_window,
-            ranks_per_node=ranks_per_node,
-        )
+    def from_stream_args(cls, *args: Any, **kwargs: Any) -> ReadOptions:
+        """The options YogaDL's ``DataRef.stream(...)`` arguments stand for: ``STREAM_ARGUMENTS``
+        (by position or name), and by name ``shuffle_mode``, ``resume_state``, Determined's
+        ``skip_shuffle_end_of_epoch`` and any mode's setting keywords (``parts_window=``, …)."""
+        named = {**dict(STREAM_ARGUMENTS), **stream_arguments(args, kwargs)}
+        if "reshuffle_each_epoch" in named:
+            raise TypeError("from_stream_args takes skip_shuffle_at_epoch_end, not reshuffle_each_epoch")
+        shuffle = bool(named.pop("shuffle"))
+        skip = skip_shuffle_flag(named.pop("skip_shuffle_at_epoch_end"), named.pop("skip_shuffle_end_of_epoch", None))
+        return cls(shuffle=shuffle, reshuffle_each_epoch=shuffle and not skip, **named)
+
+
+def stream_arguments(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    """``kwargs`` with YogaDL's positional ``stream`` arguments ``args`` added by name
+    (``STREAM_ARGUMENTS`` order): what the facades pass on to ``ReadOptions.from_stream_args``."""
+    if len(args) > len(STREAM_ARGUMENTS):
+        raise TypeError(f"stream takes at most {len(STREAM_ARGUMENTS)} positional arguments, got {len(args)}")
+    named = dict(kwargs)
+    for (name, _), value in zip(STREAM_ARGUMENTS, args):
+        if name in named:
+            raise TypeError(f"stream got multiple values for argument {name!r}")
+        named[name] = value
+    return named
+
+
+def stream_signature(leading: tuple[str, ...] = ("self",), **keywords: Any) -> inspect.Signature:
+    """The signature of a facade taking ``leading`` arguments, YogaDL's stream arguments, then
+    ``keywords`` (name: default), ours (``shuffle_mode``, ``resume_state``,
+    ``skip_shuffle_end_of_epoch``) and every registered mode's settings, by name: what
+    ``help()`` shows for the ``*args, **kwargs`` it passes on to ``from_stream_args``."""
+    first = [inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD) for name in leading]
+    positional = [
+        inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=value)
+        for name, value in STREAM_ARGUMENTS
+    ]
+    ours = {**keywords, "shuffle_mode": DEFAULT_SHUFFLE_MODE, "resume_state": None, "skip_shuffle_end_of_epoch": None}
+    ours.update({keyword: _default(keyword) for keyword in mode_keywords()})
+    named = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=value) for name, value in ours.items()]
+    return inspect.Signature([*first, *positional, *named])

@@ -43,19 +43,15 @@ from __future__ import annotations
 import hashlib
 import math
 import threading
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, Optional, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar, NamedTuple, Optional
 
 import numpy as np
 
 from yogacache.arguments import as_int
+from yogacache.read.layout import PartLayout, PartUse, most_at_once, parts_read_in_order
 from yogacache.read.permutation import KeyedPermutation
-from yogacache.read.shuffle import SHUFFLE_MODES, EpochPlan, Point, ShuffleMode, StridedPlan
-
-if TYPE_CHECKING:
-    from yogacache.format.manifest import Manifest
-    from yogacache.read.options import ReadOptions
-    from yogacache.read.schedule import ResumeState
+from yogacache.read.shuffle import SHUFFLE_MODES, EpochPlan, OrderOptions, Point, ResumeState, ShuffleMode, StridedPlan
 
 __all__ = [
     "DEFAULT_PARTS_WINDOW",
@@ -63,6 +59,7 @@ __all__ = [
     "budget_window",
     "PartUse",
     "PartsMode",
+    "PartsOptions",
     "PartsPlan",
     "RandomReadRefetch",
     "most_at_once",
@@ -79,115 +76,6 @@ RESIDUAL = 1 << 62
 _CACHED_PERMUTATIONS = 128
 # Stages up to this size keep their permutation as a table (32 KiB): one evaluation each.
 _TABLE_SIZE = 1 << 12
-
-
-# -- the cache's parts ---------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, eq=False)
-class PartLayout:
-    """How a cache's records lie in its parts: part ``i`` holds records ``starts[i]`` to
-    ``starts[i] + records[i]``, in ``sizes[i]`` bytes (0 where unknown)."""
-
-    records: np.ndarray
-    sizes: np.ndarray
-    starts: np.ndarray = field(init=False)
-
-    def __post_init__(self) -> None:
-        records = np.asarray(self.records, dtype=np.int64).reshape(-1)
-        sizes = np.asarray(self.sizes, dtype=np.int64).reshape(-1)
-        if len(sizes) != len(records):
-            raise ValueError(f"a part layout needs one size per part: {len(records)} parts, {len(sizes)} sizes")
-        if len(records) and (records.min() < 0 or sizes.min() < 0):
-            raise ValueError("part record counts and sizes must not be negative")
-        starts = np.zeros(len(records), dtype=np.int64)
-        np.cumsum(records[:-1], out=starts[1:])
-        for name, value in (("records", records), ("sizes", sizes), ("starts", starts)):
-            value.setflags(write=False)
-            object.__setattr__(self, name, value)
-
-    @classmethod
-    def from_counts(
-        cls, records: Sequence[int] | np.ndarray, sizes: Optional[Sequence[int] | np.ndarray] = None
-    ) -> PartLayout:
-        """Parts of ``records`` records each (in record order), of ``sizes`` bytes if known."""
-        records = np.asarray(records, dtype=np.int64)
-        return cls(records, np.zeros_like(records) if sizes is None else np.asarray(sizes, dtype=np.int64))
-
-    @classmethod
-    def from_manifest(cls, manifest: Manifest) -> PartLayout:
-        """The layout a cache's manifest lists (its parts hold consecutive records)."""
-        parts = manifest.parts
-        layout = cls.from_counts([p.num_records for p in parts], [p.size_bytes for p in parts])
-        if any(p.first_record != int(s) for p, s in zip(parts, layout.starts)):
-            raise ValueError(
-                f"the parts of cache {manifest.dataset_id}:{manifest.dataset_version} do not hold "
-                "consecutive records"
-            )
-        return layout
-
-    @property
-    def num_parts(self) -> int:
-        return len(self.records)
-
-    @property
-    def num_records(self) -> int:
-        return int(self.records.sum())
-
-    @property
-    def num_bytes(self) -> int:
-        return int(self.sizes.sum())
-
-    def part_of(self, indices: np.ndarray) -> np.ndarray:
-        """The part holding each record index."""
-        return np.searchsorted(self.starts, np.asarray(indices, dtype=np.int64), side="right") - 1
-
-
-class PartUse(NamedTuple):
-    """A part a plan reads, and the plan positions of its first and last read.
-
-    ``first`` and ``last`` count records of the plan (``plan.indices(first, first + 1)`` may read
-    the part). For ``"parts"`` mode they are the bounds of the stages that read the part: the
-    first read is at ``first`` or later, the last at ``last`` or earlier.
-    """
-
-    part: int
-    first: int
-    last: int
-
-
-def parts_read_in_order(plan: EpochPlan, layout: PartLayout, chunk: int = 1 << 16) -> list[PartUse]:
-    """Every part ``plan`` reads, in order of first use, found by reading the plan's indices
-    (O(records) time, O(parts) memory): what modes that touch parts at random answer."""
-    unused = np.iinfo(np.int64).max
-    first = np.full(layout.num_parts, unused, dtype=np.int64)
-    last = np.full(layout.num_parts, -1, dtype=np.int64)
-    for begin in range(0, len(plan), chunk):
-        parts = layout.part_of(plan.indices(begin, begin + chunk))
-        positions = begin + np.arange(len(parts), dtype=np.int64)
-        np.minimum.at(first, parts, positions)
-        np.maximum.at(last, parts, positions)
-    used = np.flatnonzero(first != unused)
-    used = used[np.argsort(first[used], kind="stable")]
-    return [PartUse(int(p), int(first[p]), int(last[p])) for p in used]
-
-
-def most_at_once(uses: Sequence[PartUse], layout: PartLayout) -> tuple[int, int]:
-    """(parts, bytes): the most parts, and the most bytes of parts, that ``uses`` (a
-    ``parts_needed`` answer) needs at once, counting a part from its first read to its last.
-    What a node must hold for one reader; less than that makes it fetch parts it still needs."""
-    if not uses:
-        return 0, 0
-    parts = np.array([use.part for use in uses], dtype=np.int64)
-    first = np.array([use.first for use in uses], dtype=np.int64)
-    last = np.array([use.last for use in uses], dtype=np.int64)
-    sizes = layout.sizes[parts]
-    # Events at each position: parts start before parts end (a part is held through ``last``).
-    times = np.concatenate([first * 2, last * 2 + 1])
-    order = np.argsort(times, kind="stable")
-    count = np.concatenate([np.ones(len(uses), dtype=np.int64), -np.ones(len(uses), dtype=np.int64)])[order]
-    held = np.concatenate([sizes, -sizes])[order]
-    return int(np.cumsum(count).max()), int(np.cumsum(held).max())
 
 
 # -- one epoch: the part order and the runs cut from it ----------------------------------------
@@ -472,13 +360,53 @@ class PartsPlan(StridedPlan):
 # -- the mode -----------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class PartsOptions:
+    """The ``"parts"`` mode's settings, checked when made; ``ReadOptions`` (and every facade:
+    ``DataRef.stream``, the DataLayer decorators, the torch dataset) takes them as keywords.
+
+    Attributes:
+        parts_window: parts mixed at a time (each rank then needs as many parts, and one more
+            to read ahead).
+        ranks_per_node: consecutive ranks that share a node (each node reads one run of parts,
+            its ranks together); None: unknown, a run per rank.
+    """
+
+    parts_window: int = DEFAULT_PARTS_WINDOW
+    ranks_per_node: Optional[int] = None
+
+    def __post_init__(self) -> None:
+        window = as_int(self.parts_window, "parts_window")
+        if window < 1:
+            raise ValueError(f"parts_window must be at least 1 (parts mixed at a time), got {window}")
+        object.__setattr__(self, "parts_window", window)
+        if self.ranks_per_node is not None:
+            per_node = as_int(self.ranks_per_node, "ranks_per_node")
+            if per_node < 1:
+                raise ValueError(f"ranks_per_node must be at least 1, got {per_node}")
+            object.__setattr__(self, "ranks_per_node", per_node)
+
+    @property
+    def per_node(self) -> int:
+        """Ranks per node (1 when unknown)."""
+        return self.ranks_per_node or 1
+
+    @classmethod
+    def of(cls, options: OrderOptions) -> PartsOptions:
+        """The parts settings ``options`` hold (the defaults where they hold none)."""
+        settings = options.mode_options
+        return settings if isinstance(settings, cls) else cls()
+
+
+
 class PartsMode(ShuffleMode):
     """Each epoch the parts permuted, cut into one run per node, mixed ``parts_window`` at a time."""
 
     name: ClassVar[str] = "parts"
     state_keys: ClassVar[tuple[str, ...]] = ("num_shards", "ranks_per_node", "window", "dealt")
+    options_type: ClassVar[Optional[type[Any]]] = PartsOptions
 
-    def __init__(self, num_records: int, options: ReadOptions, layout: Optional[PartLayout] = None) -> None:
+    def __init__(self, num_records: int, options: OrderOptions, layout: Optional[PartLayout] = None) -> None:
         super().__init__(num_records, options)
         if layout is None:
             raise ValueError(
@@ -489,14 +417,15 @@ class PartsMode(ShuffleMode):
         if layout.num_records != num_records:
             raise ValueError(f"the part layout holds {layout.num_records} records, the dataset {num_records}")
         self.layout = self.parts = layout
-        self.window = parts_window(options)
-        self.split = _Split(num_records, options.num_shards, ranks_per_node(options))
+        settings = PartsOptions.of(options)
+        self.window = settings.parts_window
+        self.split = _Split(num_records, options.num_shards, settings.per_node)
         self._residual: Optional[_Residual] = None
         self._epochs: dict[int, _EpochParts] = {}  # the latest two epochs' part orders
         self._lock = threading.Lock()  # plans of neighbouring epochs may be made in threads
 
     @classmethod
-    def with_layout(cls, num_records: int, options: ReadOptions, layout: Optional[PartLayout] = None) -> ShuffleMode:
+    def with_layout(cls, num_records: int, options: OrderOptions, layout: Optional[PartLayout] = None) -> ShuffleMode:
         return cls(num_records, options, layout)
 
     def fit_budget(self, budget_bytes: Optional[int]) -> Optional[str]:
@@ -533,16 +462,9 @@ class PartsMode(ShuffleMode):
         self._lock = threading.Lock()
 
     @classmethod
-    def check(cls, options: ReadOptions) -> None:
-        if options.shuffle and options.shuffle_seed is None:
-            raise ValueError(
-                "shuffle_mode='parts' with shuffle=True needs shuffle_seed: every rank must compute "
-                "the same order of the parts"
-            )
-        if options.reshuffle_each_epoch and not options.shuffle:
-            raise ValueError("reshuffling at epoch end needs shuffle=True")
-        parts_window(options)
-        per_node = ranks_per_node(options)
+    def check(cls, options: OrderOptions) -> None:
+        cls.check_seeded(options, "the same order of the parts")
+        per_node = PartsOptions.of(options).per_node
         if options.num_shards % per_node:
             raise ValueError(
                 f"num_shards ({options.num_shards}) must be a multiple of ranks_per_node ({per_node}): "
@@ -635,20 +557,21 @@ class PartsMode(ShuffleMode):
         }
 
     def resume_point(self, state: ResumeState) -> Point:
-        fields = {key: getattr(state, key) for key in self.state_keys}
+        fields = {key: state.get(key) for key in self.state_keys}
         missing = sorted(key for key, value in fields.items() if value is None)
         if missing:
             raise ValueError(f"a parts-mode resume state names {', '.join(self.state_keys)}; this one lacks {missing}")
-        if state.window != self.window:
+        window, dealt = fields["window"], int(fields["dealt"] or 0)
+        if window != self.window:
             raise ValueError(
-                f"the resume state was taken with parts_window={state.window}, this reader uses "
+                f"the resume state was taken with parts_window={window}, this reader uses "
                 f"{self.window}: resume with the same window (it may change at an epoch's start)"
             )
-        shards, per_node = int(state.num_shards or 0), int(state.ranks_per_node or 0)
+        shards, per_node = int(fields["num_shards"] or 0), int(fields["ranks_per_node"] or 0)
         if shards < 1 or per_node < 1 or shards % per_node:
             raise ValueError(f"the resume state's split ({shards} ranks, {per_node} per node) is not valid")
         split = _Split(self.num_records, shards, per_node)
-        consumed, dealt = state.consumed, int(state.dealt or 0)
+        consumed = state.consumed
         if consumed > split.most(False):
             raise ValueError(
                 f"the resume state consumed {consumed} records per rank of {shards}, more than an "
@@ -668,14 +591,6 @@ class PartsMode(ShuffleMode):
         return state.epoch, RESIDUAL + dealt
 
 
-def parts_window(options: ReadOptions) -> int:
-    """The options' ``parts_window``, checked."""
-    window = as_int(getattr(options, "parts_window", DEFAULT_PARTS_WINDOW), "parts_window")
-    if window < 1:
-        raise ValueError(f"parts_window must be at least 1 (parts mixed at a time), got {window}")
-    return window
-
-
 def budget_window(window: int, layout: PartLayout, budget_bytes: int) -> int:
     """The largest window up to ``window`` that a node-local budget of ``budget_bytes`` holds
     without fetching a part twice: ``2w + 1`` parts (of the largest size) -- the ``w`` parts a
@@ -686,15 +601,6 @@ def budget_window(window: int, layout: PartLayout, budget_bytes: int) -> int:
     if largest <= 0:
         return window
     return max(1, min(window, (budget_bytes // largest - 1) // 2))
-
-
-def ranks_per_node(options: ReadOptions) -> int:
-    """The options' ``ranks_per_node`` (1 when unknown), checked."""
-    value = getattr(options, "ranks_per_node", None)
-    per_node = 1 if value is None else as_int(value, "ranks_per_node")
-    if per_node < 1:
-        raise ValueError(f"ranks_per_node must be at least 1, got {per_node}")
-    return per_node
 
 
 # -- budgets ------------------------------------------------------------------------------------

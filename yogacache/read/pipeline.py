@@ -1,34 +1,40 @@
-"""The read pipeline: a rank's epochs cut into LMDB reads, the one path every adapter reads by.
+"""The read pipeline's streams: YogaDL's ``Stream`` over a rank's epochs, read by number.
 
-Top to bottom: a ``ReadSchedule`` (``ReadOptions`` over a cache) hands out each epoch's plan in
-turn (``EpochReads``); ``plan_reads`` cuts a plan into reads, each one LMDB transaction over
-many records, sized by ``ReadSizes`` (the first read of an epoch small, so the first element
-comes quickly, then doubling up to the full read size, for throughput) and, for DataLoader
-workers, dealt out in blocks (worker ``w`` of ``W`` reads blocks ``w, w+W, …``); ``read_stream``
-turns that into YogaDL's ``Stream``. The TensorFlow adapter reads Streams, the torch adapter
-calls ``plan_reads`` from its workers; a JAX or Grain adapter would do one or the other.
+Top to bottom: an ``EpochReader`` (``yogacache.read.epochs``: ``ReadOptions`` over a cache)
+hands out each epoch's plan and its reads; ``EpochReads`` numbers them, read ``i`` of epoch
+``e``, and hands out epoch numbers to successive iterations; ``read_stream`` turns that into
+YogaDL's ``Stream``. The TensorFlow adapter reads Streams (and ``EpochReads`` by number), the
+torch adapter an ``EpochReader`` from its workers; a JAX or Grain adapter would do one or the
+other.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Optional, Protocol
 
 import numpy as np
 
-from yogacache.format.manifest import Manifest
 from yogacache.format.spec import Spec
+from yogacache.read.epochs import (
+    FIRST_READ_BYTES,
+    FIRST_READ_RECORDS,
+    FULL_READ_BYTES,
+    FULL_READ_RECORDS,
+    EpochReader,
+    ReadSizes,
+    plan_reads,
+    warn_random_streaming,
+)
 from yogacache.read.options import ReadOptions
-from yogacache.read.parts_shuffle import PartLayout, shuffle_budget_warning
+from yogacache.read.plans import EpochPlan
 from yogacache.read.reader import CacheReader
-from yogacache.read.schedule import ReadSchedule
-from yogacache.read.shuffle import EpochPlan
 
 log = logging.getLogger(__name__)
 
 __all__ = [
+    "EpochReader",
     "EpochReads",
     "FIRST_READ_BYTES",
     "FIRST_READ_RECORDS",
@@ -39,16 +45,8 @@ __all__ = [
     "Stream",
     "plan_reads",
     "read_stream",
+    "warn_random_streaming",
 ]
-
-# Records per read from LMDB; reads of large records are capped by bytes instead.
-FULL_READ_RECORDS = 1024
-FULL_READ_BYTES = 8 << 20
-# The first read of an epoch is small, so the first element arrives quickly: 32 records, or
-# more while they fit in 1 MiB (a first consumer batch of small records takes one read).
-FIRST_READ_RECORDS = 32
-FIRST_READ_BYTES = 1 << 20
-
 
 class ReaderSource(Protocol):
     """Anything that holds a cache's reader, such as ``yogacache.dataref.CacheDataRef``."""
@@ -143,89 +141,6 @@ class Stream:
         self._output_shapes = value
 
 
-# -- read sizes ---------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class ReadSizes:
-    """Records per read in an epoch: ``first``, doubling up to ``full``, then ``full`` for good."""
-
-    full: int
-    first: int
-
-    @classmethod
-    def for_manifest(cls, manifest: Manifest) -> ReadSizes:
-        """Full reads of ``FULL_READ_RECORDS`` capped at ``FULL_READ_BYTES``; a first read of
-        ``FIRST_READ_RECORDS``, more while they fit in ``FIRST_READ_BYTES``."""
-        record = manifest.average_record_bytes
-        full = FULL_READ_RECORDS
-        if manifest.num_records:
-            full = max(1, min(FULL_READ_RECORDS, FULL_READ_BYTES // record))
-        return cls(full=full, first=min(full, max(FIRST_READ_RECORDS, FIRST_READ_BYTES // record)))
-
-    def __iter__(self) -> Iterator[int]:
-        size = self.first
-        while True:
-            yield size
-            size = min(self.full, size * 2)
-
-    def bounds(self, read: int) -> tuple[int, int]:
-        """The epoch positions ``[begin, end)`` of read number ``read`` (one worker)."""
-        begin, size, done = 0, self.first, 0
-        while done < read and size < self.full:
-            begin += size
-            size = min(self.full, size * 2)
-            done += 1
-        begin += (read - done) * size
-        return begin, begin + size
-
-    def count(self, records: int) -> int:
-        """How many reads an epoch of ``records`` records takes (one worker, blocks of one)."""
-        count = begin = 0
-        size = self.first
-        while begin < records and size < self.full:
-            count += 1
-            begin += size
-            size = min(self.full, size * 2)
-        # Only full reads from here on.
-        return count if begin >= records else count - (-(records - begin) // self.full)
-
-
-def plan_reads(
-    plan: EpochPlan,
-    sizes: ReadSizes,
-    *,
-    block_size: int = 1,
-    worker: int = 0,
-    workers: int = 1,
-    drop_partial: bool = False,
-) -> Iterator[np.ndarray]:
-    """The record indices of each read of ``plan`` that ``worker`` of ``workers`` makes, in order.
-
-    The plan is dealt out in blocks of ``block_size`` positions: the worker reads blocks
-    ``worker, worker + workers, …`` (a DataLoader with that batch size then yields the plan in
-    order), whole blocks per read, as many as fit in the read's size (at least one).
-    ``drop_partial`` leaves out a last block shorter than ``block_size``.
-    """
-    total = len(plan)
-    end = total - total % block_size if drop_partial else total
-    blocks = range(worker, -(-end // block_size), workers)
-    within = np.arange(block_size, dtype=np.int64)
-    done = 0
-    for size in sizes:
-        if done >= len(blocks):
-            return
-        read = blocks[done : done + max(1, size // block_size)]  # the blocks of this read
-        done += len(read)
-        if workers == 1:  # consecutive blocks: one slice of the plan
-            yield plan.indices(read[0] * block_size, min((read[-1] + 1) * block_size, end))
-            continue
-        positions = (np.asarray(read, dtype=np.int64)[:, None] * block_size + within).ravel()
-        if (read[-1] + 1) * block_size > end:
-            positions = positions[positions < end]
-        yield plan.take(positions)
-
-
 # -- epochs and streams -------------------------------------------------------------------------
 
 
@@ -239,12 +154,11 @@ class EpochReads:
     iterator restored from a checkpoint is followed by the epoch after its own.
     """
 
-    def __init__(self, reader: CacheReader, schedule: ReadSchedule, sizes: ReadSizes) -> None:
-        self._reader = reader
-        self._schedule = schedule
-        self._sizes = sizes
-        self.count = sizes.count(len(schedule))
-        self._next_epoch = schedule.start[0]
+    def __init__(self, epochs: EpochReader) -> None:
+        self._epochs = epochs
+        self._sizes = epochs.sizes
+        self.count = epochs.sizes.count(len(epochs))
+        self._next_epoch = epochs.start[0]
         self._plans: dict[int, EpochPlan] = {}  # the latest epochs' plans, computed once each
         self._lock = threading.Lock()
 
@@ -265,13 +179,10 @@ class EpochReads:
         with self._lock:
             plan = self._plans.get(epoch)
             if plan is None:
-                start_epoch, start_position = self._schedule.start
-                plan = self._schedule.plan(epoch, start_position if epoch == start_epoch else 0)
+                plan = self._epochs.plan(epoch, self._epochs.first_position(epoch))
                 while len(self._plans) >= 2:  # iterators of neighbouring epochs may overlap
                     del self._plans[min(self._plans)]
                 self._plans[epoch] = plan
-                # A streamed cache fetches this epoch's parts ahead, then the next epoch's.
-                self._reader.expect_plan(plan, lambda: self._schedule.plan(epoch + 1))
         return plan
 
     def indices(self, epoch: int, read: int) -> np.ndarray:
@@ -285,41 +196,16 @@ class EpochReads:
     def read(self, epoch: int, read: int) -> list[np.ndarray]:
         """One stacked array per leaf: the records of read ``read`` of ``epoch`` (``[]`` if none)."""
         indices = self.indices(epoch, read)
-        return self._reader.read_columns(indices) if len(indices) else []
-
-
-_WARNED_RANDOM_STREAMS: set[tuple[str, str]] = set()
-
-
-def warn_random_streaming(reader: CacheReader, schedule: ReadSchedule, sizes: ReadSizes) -> None:
-    """Warns once per process and cache when a mode that reads every part at random (``shard``,
-    ``global``) streams a cache larger than the node's byte budget: it says the re-download
-    volume per epoch this implies, and that ``shuffle_mode="parts"`` avoids it. The schedule
-    was fitted to the budget when it was made (``ReadSchedule(budget_bytes=...)``)."""
-    budget = reader.streaming_budget
-    mode = schedule.options.shuffle_mode if schedule.options.shuffle else "sequential"
-    key = (str(reader.directory), mode)
-    if budget is None or key in _WARNED_RANDOM_STREAMS:
-        return
-    layout = PartLayout.from_manifest(reader.manifest)
-    records = len(schedule) * max(1, schedule.options.ranks_per_node or 1)
-    warning = shuffle_budget_warning(mode, layout, budget, records, sizes.full) if schedule.options.shuffle else None
-    if warning is not None:
-        _WARNED_RANDOM_STREAMS.add(key)
-        log.warning("%s", warning)
+        return self._epochs.reader.read_columns(indices) if len(indices) else []
 
 
 def read_stream(
     reader: CacheReader, options: ReadOptions, *, spec_converter: Optional[Callable[[Spec, str], Any]] = None
 ) -> Stream:
     """The stream of ``reader``'s records that ``options`` define: each iteration the next epoch."""
-    schedule = ReadSchedule(
-        len(reader), options, PartLayout.from_manifest(reader.manifest), budget_bytes=reader.streaming_budget
-    )
-    sizes = ReadSizes.for_manifest(reader.manifest)
-    warn_random_streaming(reader, schedule, sizes)
+    epochs = EpochReader(reader, options)
     # One epoch counter and one set of reads, whichever way the stream is iterated.
-    reads = EpochReads(reader, schedule, sizes)
+    reads = EpochReads(epochs)
 
     def epoch_indices() -> Iterator[np.ndarray]:
         epoch = reads.next_epoch()
@@ -339,11 +225,11 @@ def read_stream(
     stackable = reader.codec.stackable
     return Stream(
         iterate_elements,
-        len(schedule),
+        len(epochs),
         element_spec=reader.spec,
         batch_iterator_fn=iterate_batches if stackable else None,
-        uniform_epochs=schedule.start[1] == 0,
-        state_fn=lambda records: schedule.state(schedule.start, records),
+        uniform_epochs=epochs.start[1] == 0,
+        state_fn=lambda records: epochs.state(epochs.start, records),
         max_batches=reads.count if stackable else None,
         spec_converter=spec_converter,
         epoch_reads=reads if stackable else None,

@@ -8,104 +8,29 @@ into checkpoints. Pure numpy, no I/O.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import sys
 import warnings
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Mapping, Optional
+from typing import Any, Mapping, Optional
 
 from yogacache.arguments import as_int
-from yogacache.read.shuffle import ArrayPlan, EpochPlan, GlobalPlan, ShuffleMode, shuffle_mode
-
-if TYPE_CHECKING:
-    from yogacache.read.options import ReadOptions
-    from yogacache.read.parts_shuffle import PartLayout, PartUse
+from yogacache.read.layout import PartLayout, PartUse
+from yogacache.read.options import ReadOptions
+from yogacache.read.shuffle import (
+    STATE_VERSION,
+    ArrayPlan,
+    EpochPlan,
+    GlobalPlan,
+    ResumeState,
+    ShuffleMode,
+    shuffle_mode,
+)
 
 __all__ = ["ArrayPlan", "EpochPlan", "GlobalPlan", "ReadSchedule", "ResumeState", "STATE_VERSION"]
 
 log = logging.getLogger(__name__)
 # What fitting orders to budgets changed, said once per process each.
 _FITTED: set[str] = set()
-
-STATE_VERSION = 1
-STATE_KEYS = frozenset({"version", "mode", "epoch", "consumed", "seed", "num_records", "shard_rank", "num_shards"})
-# Keys that only some modes' states hold (``ShuffleMode.state_keys``): the parts mode's split.
-MODE_STATE_KEYS = frozenset({"ranks_per_node", "window", "dealt"})
-
-
-@dataclass(frozen=True)
-class ResumeState:
-    """Where reading resumes; ``to_dict()`` is what goes into a checkpoint (well under 1 KiB).
-
-    ``consumed`` is the position in the epoch, which the mode defines: records read by all ranks
-    together in global mode, by this rank (of its shard) in shard mode, whose states also name
-    the shard they belong to. Parts-mode states also name the split their epoch was cut for
-    (``num_shards``, ``ranks_per_node``), the ``window`` and how much of the rest of an epoch
-    resumed with another split was ``dealt`` (``yogacache.read.parts_shuffle``).
-    """
-
-    mode: str
-    epoch: int
-    consumed: int
-    seed: Optional[int]
-    num_records: int
-    shard_rank: Optional[int] = None
-    num_shards: Optional[int] = None
-    ranks_per_node: Optional[int] = None
-    window: Optional[int] = None
-    dealt: Optional[int] = None
-
-    def to_dict(self) -> dict[str, Any]:
-        state: dict[str, Any] = {
-            "version": STATE_VERSION,
-            "mode": self.mode,
-            "epoch": self.epoch,
-            "consumed": self.consumed,
-            "seed": self.seed,
-            "num_records": self.num_records,
-        }
-        if shuffle_mode(self.mode, "resume state mode").resumes_per_shard:
-            state["shard_rank"] = self.shard_rank
-            state["num_shards"] = self.num_shards
-        for key in shuffle_mode(self.mode, "resume state mode").state_keys:
-            state[key] = getattr(self, key)
-        return state
-
-    @classmethod
-    def from_dict(cls, state: Mapping[str, Any]) -> ResumeState:
-        if not isinstance(state, Mapping):
-            raise TypeError(f"a resume state is a dict, not {type(state).__name__}")
-        if state.get("version", STATE_VERSION) != STATE_VERSION:
-            raise ValueError(f"resume state version {state.get('version')!r} is not {STATE_VERSION}")
-        unknown = set(state) - STATE_KEYS - MODE_STATE_KEYS
-        if unknown:
-            raise ValueError(f"resume state has unknown keys {sorted(unknown)}")
-        try:
-            mode = state["mode"]
-            fields = {key: state[key] for key in ("epoch", "consumed", "num_records")}
-        except KeyError as error:
-            raise ValueError(f"resume state lacks {error.args[0]!r}") from None
-        shuffle_mode(mode, "resume state mode")
-        values = {key: as_int(value, f"resume state {key}") for key, value in fields.items()}
-        if min(values.values()) < 0:
-            raise ValueError(f"resume state fields must not be negative: {dict(state)}")
-        optional = {
-            key: None if state.get(key) is None else as_int(state[key], f"resume state {key}")
-            for key in ("seed", "shard_rank", "num_shards", *sorted(MODE_STATE_KEYS))
-        }
-        return cls(
-            mode=mode,
-            epoch=values["epoch"],
-            consumed=values["consumed"],
-            num_records=values["num_records"],
-            seed=optional["seed"],
-            shard_rank=optional["shard_rank"],
-            num_shards=optional["num_shards"],
-            ranks_per_node=optional["ranks_per_node"],
-            window=optional["window"],
-            dealt=optional["dealt"],
-        )
 
 
 def _caller_level() -> int:
@@ -220,7 +145,7 @@ class ReadSchedule:
             shard_rank=self.shard_rank if per_shard else None,
             num_shards=self.num_shards if per_shard else None,
         )
-        return dataclasses.replace(state, **self.order.state_fields(epoch, position)).to_dict()
+        return state.updated(self.order.state_fields(epoch, position)).to_dict()
 
     def resume_point(self, resume_state: Mapping[str, Any]) -> tuple[int, int]:
         """The ``(epoch, position)`` a resume state names, checked against this schedule."""

@@ -1,7 +1,9 @@
 """Shuffle modes: how one rank's records are ordered epoch after epoch, looked up by name.
 
 Each mode is a ``ShuffleMode`` subclass registered in ``SHUFFLE_MODES`` under the name users
-pass as ``shuffle_mode``; adding a mode is one class plus one entry in that table.
+pass as ``shuffle_mode``. A mode owns its settings (``options_type``: the keywords users pass
+for it) and the keys its resume states add (``state_keys``): adding a mode, settings included,
+is one class plus one entry in that table.
 ``ReadSchedule`` (``yogacache.read.schedule``) dispatches everything mode-specific to the
 instance it looks up here, and never branches on the name.
 
@@ -35,109 +37,144 @@ positions to record indices on demand.
 from __future__ import annotations
 
 import abc
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, Optional, Protocol
-
-import numpy as np
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Mapping, Optional, Protocol
 
 from yogacache.arguments import as_int
+from yogacache.read.layout import PartLayout, PartUse, parts_read_in_order
 from yogacache.read.permutation import KeyedPermutation
+from yogacache.read.plans import ArrayPlan, EpochPlan, GlobalPlan, Point, StridedPlan
 from yogacache.read.sampler import ShardOrder, check_shuffle, shard_indices
-
-if TYPE_CHECKING:
-    from yogacache.read.options import ReadOptions
-    from yogacache.read.parts_shuffle import PartLayout, PartUse
-    from yogacache.read.schedule import ResumeState
 
 __all__ = [
     "ArrayPlan",
     "EpochPlan",
     "GlobalMode",
     "GlobalPlan",
+    "OrderOptions",
+    "ResumeState",
     "SHUFFLE_MODES",
+    "STATE_VERSION",
     "ShardMode",
     "ShuffleMode",
     "StridedPlan",
     "shuffle_mode",
 ]
 
-Point = tuple[int, int]  # (epoch, position)
+# -- what a mode reads of the options, and what it resumes from -------------------------------
 
 
-# -- plans --------------------------------------------------------------------------------------
-
-
-class EpochPlan(Protocol):
-    """The records one rank reads in (the rest of) one epoch, in order."""
+class OrderOptions(Protocol):
+    """What a shuffle mode reads of ``yogacache.read.options.ReadOptions`` (which meets this)."""
 
     @property
-    def epoch(self) -> int: ...
-
-    def __len__(self) -> int: ...
-
-    def indices(self, start: int, stop: int) -> np.ndarray:
-        """Record indices at plan positions ``[start, stop)`` (clipped to the plan)."""
+    def shuffle(self) -> bool: ...
+    @property
+    def reshuffle_each_epoch(self) -> bool: ...
+    @property
+    def shuffle_seed(self) -> Optional[int]: ...
+    @property
+    def shard_rank(self) -> int: ...
+    @property
+    def num_shards(self) -> int: ...
+    @property
+    def drop_shard_remainder(self) -> bool: ...
+    @property
+    def mode_options(self) -> Any:
+        """The mode's own settings: an instance of its ``options_type`` (None if it has none)."""
         ...
 
-    def take(self, positions: np.ndarray) -> np.ndarray:
-        """Record indices at the plan positions ``positions`` (each in ``[0, len)``)."""
-        ...
+
+STATE_VERSION = 1
+# Keys every resume state may hold; a mode adds its own (``ShuffleMode.state_keys``).
+STATE_KEYS = ("version", "mode", "epoch", "consumed", "seed", "num_records", "shard_rank", "num_shards")
 
 
 @dataclass(frozen=True)
-class ArrayPlan:
-    """A plan held as an index array (YogaDL's shard order)."""
+class ResumeState:
+    """Where reading resumes; ``to_dict()`` is what goes into a checkpoint (well under 1 KiB).
 
+    ``consumed`` is the position in the epoch, which the mode defines: records read by all ranks
+    together in global mode, by this rank (of its shard) in shard mode, whose states also name
+    the shard they belong to. ``fields`` holds the keys a mode adds (``ShuffleMode.state_keys``,
+    integers or None): the parts mode's split and window (``yogacache.read.parts_shuffle``).
+    """
+
+    mode: str
     epoch: int
-    order: np.ndarray
+    consumed: int
+    seed: Optional[int]
+    num_records: int
+    shard_rank: Optional[int] = None
+    num_shards: Optional[int] = None
+    fields: Mapping[str, Optional[int]] = field(default_factory=dict)
 
-    def __len__(self) -> int:
-        return len(self.order)
+    def get(self, key: str) -> Optional[int]:
+        """The value of state key ``key`` (common or the mode's), None where it has none."""
+        if key in ("shard_rank", "num_shards"):
+            return getattr(self, key)  # type: ignore[no-any-return]
+        return self.fields.get(key)
 
-    def indices(self, start: int, stop: int) -> np.ndarray:
-        return self.order[start:stop]
+    def updated(self, values: Mapping[str, Any]) -> ResumeState:
+        """This state with ``values`` (common keys and the mode's) replaced."""
+        common = {f.name for f in dataclasses.fields(self)} - {"fields"}
+        own = {key: value for key, value in values.items() if key not in common}
+        return dataclasses.replace(
+            self, **{key: value for key, value in values.items() if key in common}, fields={**self.fields, **own}
+        )
 
-    def take(self, positions: np.ndarray) -> np.ndarray:
-        return self.order[positions]
+    def to_dict(self) -> dict[str, Any]:
+        mode = shuffle_mode(self.mode, "resume state mode")
+        state: dict[str, Any] = {
+            "version": STATE_VERSION,
+            "mode": self.mode,
+            "epoch": self.epoch,
+            "consumed": self.consumed,
+            "seed": self.seed,
+            "num_records": self.num_records,
+        }
+        if mode.resumes_per_shard:
+            state["shard_rank"] = self.shard_rank
+            state["num_shards"] = self.num_shards
+        for key in mode.state_keys:
+            state[key] = self.get(key)
+        return state
 
-
-class StridedPlan:
-    """A plan whose positions ``j`` are line positions ``first + j·step``; ``_records`` says
-    which records a line's positions hold."""
-
-    first: int
-    step: int
-    length: int
-
-    def __len__(self) -> int:
-        return self.length
-
-    def indices(self, start: int, stop: int) -> np.ndarray:
-        start, stop = max(0, start), min(stop, self.length)
-        return self.take(np.arange(start, max(start, stop), dtype=np.int64))
-
-    def take(self, positions: np.ndarray) -> np.ndarray:
-        positions = np.asarray(positions, dtype=np.int64)
-        if positions.size and (positions.min() < 0 or positions.max() >= self.length):
-            raise IndexError(f"plan positions must lie in [0, {self.length})")
-        return self._records(self.first + self.step * positions)
-
-    def _records(self, line: np.ndarray) -> np.ndarray:
-        raise NotImplementedError
-
-
-@dataclass(frozen=True)
-class GlobalPlan(StridedPlan):
-    """Plan positions ``j`` are global positions ``first + j·step`` of a (permuted) epoch."""
-
-    epoch: int
-    first: int
-    step: int
-    length: int
-    permutation: Optional[KeyedPermutation]  # None: dataset order
-
-    def _records(self, line: np.ndarray) -> np.ndarray:
-        return line if self.permutation is None else self.permutation.map(line)
+    @classmethod
+    def from_dict(cls, state: Mapping[str, Any]) -> ResumeState:
+        if not isinstance(state, Mapping):
+            raise TypeError(f"a resume state is a dict, not {type(state).__name__}")
+        if state.get("version", STATE_VERSION) != STATE_VERSION:
+            raise ValueError(f"resume state version {state.get('version')!r} is not {STATE_VERSION}")
+        mode_keys = {key for mode in SHUFFLE_MODES.values() for key in mode.state_keys} - set(STATE_KEYS)
+        unknown = set(state) - set(STATE_KEYS) - mode_keys
+        if unknown:
+            raise ValueError(f"resume state has unknown keys {sorted(unknown)}")
+        try:
+            mode = state["mode"]
+            required = {key: state[key] for key in ("epoch", "consumed", "num_records")}
+        except KeyError as error:
+            raise ValueError(f"resume state lacks {error.args[0]!r}") from None
+        shuffle_mode(mode, "resume state mode")
+        values = {key: as_int(value, f"resume state {key}") for key, value in required.items()}
+        if min(values.values()) < 0:
+            raise ValueError(f"resume state fields must not be negative: {dict(state)}")
+        optional = {
+            key: None if state.get(key) is None else as_int(state[key], f"resume state {key}")
+            for key in ("seed", "shard_rank", "num_shards", *sorted(mode_keys))
+            if key in state or key in ("seed", "shard_rank", "num_shards")
+        }
+        return cls(
+            mode=mode,
+            epoch=values["epoch"],
+            consumed=values["consumed"],
+            num_records=values["num_records"],
+            seed=optional.pop("seed"),
+            shard_rank=optional.pop("shard_rank"),
+            num_shards=optional.pop("num_shards"),
+            fields=optional,
+        )
 
 
 # -- modes --------------------------------------------------------------------------------------
@@ -159,15 +196,19 @@ class ShuffleMode(abc.ABC):
 
     #: Keys beyond the common ones that this mode's resume states hold (``ResumeState`` fields).
     state_keys: ClassVar[tuple[str, ...]] = ()
+    #: The mode's own settings: a frozen dataclass whose fields are the keywords users pass
+    #: (``ReadOptions(**keywords)``, ``DataRef.stream``, the decorators, the torch dataset),
+    #: validated when it is made; ``options.mode_options`` is one. None: the mode has none.
+    options_type: ClassVar[Optional[type[Any]]] = None
     #: The cache's part layout, where the reader gave it (``with_layout``).
     layout: Optional[PartLayout] = None
 
-    def __init__(self, num_records: int, options: ReadOptions) -> None:
+    def __init__(self, num_records: int, options: OrderOptions) -> None:
         self.num_records = num_records
         self.options = options
 
     @classmethod
-    def with_layout(cls, num_records: int, options: ReadOptions, layout: Optional[PartLayout] = None) -> ShuffleMode:
+    def with_layout(cls, num_records: int, options: OrderOptions, layout: Optional[PartLayout] = None) -> ShuffleMode:
         """The mode over a cache whose parts ``layout`` describes (None: unknown; modes that
         order parts need it)."""
         mode = cls(num_records, options)
@@ -195,15 +236,24 @@ class ShuffleMode(abc.ABC):
         """
         if self.layout is None:
             raise ValueError("parts_needed needs the cache's part layout: build the mode with_layout")
-        from yogacache.read.parts_shuffle import parts_read_in_order
-
         return parts_read_in_order(self.plan(epoch, position), self.layout)
 
     @classmethod
-    def check(cls, options: ReadOptions) -> None:
+    def check(cls, options: OrderOptions) -> None:
         """Raises ValueError unless this mode can compute an order from ``options`` (called
         by ``ReadOptions`` once its generic checks passed; by default every set is valid)."""
         return None
+
+    @classmethod
+    def check_seeded(cls, options: OrderOptions, order: str) -> None:
+        """The check of a mode whose ranks must all compute ``order``: a shuffle needs a seed."""
+        if options.shuffle and options.shuffle_seed is None:
+            raise ValueError(
+                f"shuffle_mode={cls.name!r} with shuffle=True needs shuffle_seed: every rank must "
+                f"compute {order}"
+            )
+        if options.reshuffle_each_epoch and not options.shuffle:
+            raise ValueError("reshuffling at epoch end needs shuffle=True")
 
     @abc.abstractmethod
     def remaining(self, position: int) -> int:
@@ -250,7 +300,7 @@ class ShardMode(ShuffleMode):
     name = "shard"
     resumes_per_shard = True
 
-    def __init__(self, num_records: int, options: ReadOptions) -> None:
+    def __init__(self, num_records: int, options: OrderOptions) -> None:
         super().__init__(num_records, options)
         shard = shard_indices(num_records, options.shard_rank, options.num_shards, options.drop_shard_remainder)
         self.order = ShardOrder(
@@ -261,7 +311,7 @@ class ShardMode(ShuffleMode):
         )
 
     @classmethod
-    def check(cls, options: ReadOptions) -> None:
+    def check(cls, options: OrderOptions) -> None:
         check_shuffle(options.shuffle, options.reshuffle_each_epoch, options.shuffle_seed)
 
     def remaining(self, position: int) -> int:
@@ -289,19 +339,13 @@ class GlobalMode(ShuffleMode):
 
     name = "global"
 
-    def __init__(self, num_records: int, options: ReadOptions) -> None:
+    def __init__(self, num_records: int, options: OrderOptions) -> None:
         super().__init__(num_records, options)
         self.position_step = options.num_shards  # a record of this rank is S global positions
 
     @classmethod
-    def check(cls, options: ReadOptions) -> None:
-        if options.shuffle and options.shuffle_seed is None:
-            raise ValueError(
-                "shuffle_mode='global' with shuffle=True needs shuffle_seed: every rank must compute "
-                "the same permutation of the dataset"
-            )
-        if options.reshuffle_each_epoch and not options.shuffle:
-            raise ValueError("reshuffling at epoch end needs shuffle=True")
+    def check(cls, options: OrderOptions) -> None:
+        cls.check_seeded(options, "the same permutation of the dataset")
 
     def _segment(self, consumed: int) -> tuple[int, int]:
         """(first global position, count) of this rank's part of an epoch after ``consumed``."""
@@ -342,15 +386,6 @@ SHUFFLE_MODES: dict[str, type[ShuffleMode]] = {
     ShardMode.name: ShardMode,
     GlobalMode.name: GlobalMode,
 }
-
-
-def __getattr__(name: str) -> Any:
-    """``PartsMode`` lives in ``parts_shuffle`` (which imports this module): resolved on use."""
-    if name == "PartsMode":
-        from yogacache.read.parts_shuffle import PartsMode
-
-        return PartsMode
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def shuffle_mode(name: object, what: str = "shuffle_mode") -> type[ShuffleMode]:
