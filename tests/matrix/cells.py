@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Optional, Sequence
 
 AXES: dict[str, tuple[str, ...]] = {
-    "store": ("local", "shared_fs", "s3", "gcs"),
+    "store": ("local", "shared_fs", "s3", "gcs", "azure"),
     "made": ("one", "workers2", "ray", "import", "copy", "mirror", "migrate"),
     "delivery": ("sync", "stream-full", "stream-half"),
     "order": ("none", "shard", "global", "parts-w1", "parts-w2", "parts"),
@@ -23,7 +23,7 @@ AXES: dict[str, tuple[str, ...]] = {
 }
 NAMES = tuple(AXES)
 
-REMOTE = ("s3", "gcs")
+REMOTE = ("s3", "gcs", "azure")
 RESUMABLE_AT_ANY_WORLD_SIZE = ("global", "parts-w1", "parts-w2", "parts")
 
 # Why a combination cannot exist: (axis, value, axis, value, reason) means that those two values

@@ -2,9 +2,9 @@
 caches, built once per (store, how it was made, size) and shared by every cell that reads them.
 
 Builds go straight to the servers; every read of a cell goes through the store's proxy
-(S3: the config's ``endpoint_url``; GCS: ``STORAGE_EMULATOR_HOST``, pointed at the proxy for
-this module's lifetime, so spawned DataLoader workers inherit it), so the part bytes a node
-fetched are counted.
+(S3: the config's ``endpoint_url``; Azure: its ``connection_string``; GCS:
+``STORAGE_EMULATOR_HOST``, pointed at the proxy for this module's lifetime, so spawned
+DataLoader workers inherit it), so the part bytes a node fetched are counted.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import pytest
 from tests.cloud_helpers import Cloud
 from tests.faultproxy import FaultProxy, Logged
 from tests.matrix import records as src
+from tests.matrix.cells import REMOTE
 from yogacache.format.manifest import Manifest
 
 REPO = Path(__file__).resolve().parents[2]
@@ -72,8 +73,7 @@ class World:
     """The servers, their proxies, buckets and built caches of one module."""
 
     root: Path
-    s3: Optional[Cloud] = None
-    gcs: Optional[Cloud] = None
+    clouds: dict[str, Cloud] = field(default_factory=dict)
     proxies: dict[str, FaultProxy] = field(default_factory=dict)
     buckets: dict[str, str] = field(default_factory=dict)
     caches: dict[tuple[str, str, str], Built] = field(default_factory=dict)
@@ -81,41 +81,30 @@ class World:
     ray: Any = None
 
     def cloud(self, kind: str, request: pytest.FixtureRequest) -> Cloud:
-        if kind == "s3":
-            if self.s3 is None:
-                server = request.getfixturevalue("s3_server")
-                self.s3 = Cloud("s3", server)
-                self.proxies["s3"] = FaultProxy(server.endpoint_url)
-                self.buckets["s3"] = self.s3.new_bucket()
-            return self.s3
-        if self.gcs is None:
-            server = request.getfixturevalue("gcs_server")
-            self.gcs = Cloud("gcs", server)
-            self.proxies["gcs"] = FaultProxy(server.url)
-            self.buckets["gcs"] = self.gcs.new_bucket()
-            self.saved_emulator_host = os.environ.get("STORAGE_EMULATOR_HOST")
-            os.environ["STORAGE_EMULATOR_HOST"] = self.proxies["gcs"].url
-        return self.gcs
+        if kind not in self.clouds:
+            cloud = self.clouds[kind] = Cloud(kind, request.getfixturevalue(f"{kind}_server"))
+            self.proxies[kind] = FaultProxy(cloud.server_url)
+            self.buckets[kind] = cloud.new_bucket()
+            if kind == "gcs":
+                self.saved_emulator_host = os.environ.get("STORAGE_EMULATOR_HOST")
+                os.environ["STORAGE_EMULATOR_HOST"] = self.proxies["gcs"].url
+        return self.clouds[kind]
 
     def remote_config(self, kind: str, prefix: str, *, proxied: bool, **extra: Any) -> dict[str, Any]:
-        cloud = self.s3 if kind == "s3" else self.gcs
-        assert cloud is not None
+        cloud = self.clouds[kind]
         config = cloud.config(self.buckets[kind], prefix, **extra)
-        if kind == "s3" and proxied:
-            config["endpoint_url"] = self.proxies["s3"].url
-        return config
+        # GCS: STORAGE_EMULATOR_HOST points at its proxy already.
+        return cloud.through(config, self.proxies[kind].url) if proxied else config
 
     def objects(self, kind: str, prefix: str) -> Any:
-        cloud = self.s3 if kind == "s3" else self.gcs
-        assert cloud is not None
-        return cloud.store(self.buckets[kind], prefix)
+        return self.clouds[kind].store(self.buckets[kind], prefix)
 
     def close(self) -> None:
         if self.ray is not None:
             self.ray.shutdown()
         for proxy in self.proxies.values():
             proxy.stop()
-        if self.gcs is not None:
+        if "gcs" in self.clouds:
             if self.saved_emulator_host is None:
                 os.environ.pop("STORAGE_EMULATOR_HOST", None)
             else:
@@ -171,7 +160,7 @@ def build(world: World, request: pytest.FixtureRequest, store: str, made: str, s
     base = world.root / prefix
     base.mkdir(parents=True, exist_ok=True)
     version = DATASET_VERSION
-    remote = store in ("s3", "gcs")
+    remote = store in REMOTE
     if remote or made in ("copy",):
         world.cloud(store if remote else _other(store), request)
     if made in ("copy", "mirror"):

@@ -38,7 +38,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.matrix import records as src
-from tests.matrix.cells import AXES, CELLS, EXCLUDED, Cell, exclusion_reason, uncovered_pairs, valid
+from tests.matrix.cells import AXES, CELLS, EXCLUDED, REMOTE, Cell, exclusion_reason, uncovered_pairs, valid
 from tests.matrix.conftest import PART_NAME, Built, World, build, node_store, part_downloads
 from tests.streaming_helpers import bytes_on_disk
 
@@ -282,7 +282,7 @@ def test_cell(cell: Cell, world: World, request: pytest.FixtureRequest, tmp_path
     # per rank, each with its own budget, read one after the other and measured apart (nodes are
     # independent; the read sizes of a cache this small span every part, so ranks sharing one
     # small budget would not be in lockstep part by part as ranks of a real cache are).
-    proxy = world.proxies.get(cell.store) if cell.store in ("s3", "gcs") else None
+    proxy = world.proxies.get(cell.store) if cell.store in REMOTE else None
     kwargs = [stream_kwargs(order, rank, resumed_shards, start_offset, resume) for rank in range(resumed_shards)]
     groups = [list(range(resumed_shards))] if cell.delivery != "stream-half" else [[r] for r in range(resumed_shards)]
     epochs: list[list[list[int]]] = [[[] for _ in range(resumed_shards)] for _ in range(EPOCHS)]
