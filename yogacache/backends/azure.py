@@ -89,20 +89,15 @@ def _status(error: BaseException) -> Optional[int]:
 
 
 def _is_transient(error: BaseException) -> bool:
-    # Resets, timeouts, 5xx, throttling and other 4xx worth another look are retried; "absent",
-    # "precondition failed", a missing container and refused credentials are not.
+    # Resets, timeouts, 5xx, throttling and a bare 403 (a proxy, a clock skewed for a moment) are
+    # retried, as on S3 and GCS; "absent", "precondition failed", a missing container, a refusal
+    # the service names (a wrong key) and credentials that cannot be had at all are not.
     if isinstance(error, (ValueError, TypeError)):  # a malformed setting, found by the client
         return False
-    if isinstance(
-        error,
-        (
-            azexc.ResourceNotFoundError,
-            azexc.ResourceExistsError,
-            azexc.ResourceModifiedError,
-            azexc.ClientAuthenticationError,
-        ),
-    ):
+    if isinstance(error, (azexc.ResourceNotFoundError, azexc.ResourceExistsError, azexc.ResourceModifiedError)):
         return False
+    if isinstance(error, azexc.ClientAuthenticationError) and _status(error) is None:
+        return False  # a credential chain that found nothing
     return _code(error) not in _FINAL_CODES
 
 
