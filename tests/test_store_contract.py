@@ -259,3 +259,24 @@ def test_stores_are_built_only_by_the_factory_outside_the_store() -> None:
         if isinstance(node, ast.Call) and _names_in(node.func) & STORE_CLASSES
     ]
     assert found == []
+
+
+def test_one_parser_reads_every_spelling_of_a_store_target(tmp_path: Path) -> None:
+    from yogacache.store.target import parse_target
+
+    config_file = tmp_path / "storage.json"
+    config_file.write_text('{"type": "shared_fs", "host_storage_path": "/data/caches"}')
+    assert parse_target(None).directory is None and parse_target(None).url is None
+    assert parse_target(tmp_path).directory == tmp_path
+    assert parse_target(str(config_file)).directory == Path("/data/caches")
+    assert parse_target({"type": "shared_fs"}).directory is None
+    url = parse_target("s3://bucket/prefix", endpoint_url="http://127.0.0.1:1")
+    assert (url.url, url.config) == ("s3://bucket/prefix", None)
+    assert dict(url.backend_options) == {"endpoint_url": "http://127.0.0.1:1"}
+    cloud = parse_target({"type": "gcs", "bucket": "b", "bucket_directory_path": "caches/"})
+    assert cloud.url == "gs://b/caches" and cloud.config is not None and cloud.directory is None
+    assert parse_target(tmp_path / "typo").directory == tmp_path / "typo"  # a build creates it
+    with pytest.raises(ConfigError, match=r"typo does not exist \(not a directory, a config file or a URL\)"):
+        parse_target(tmp_path / "typo", must_exist=True)
+    with pytest.raises(ValueError, match="names no object store"):
+        parse_target(tmp_path).open_backend()
