@@ -92,7 +92,7 @@ class ReadOptions:
     drop_shard_remainder: bool = False
     shuffle_mode: str = DEFAULT_SHUFFLE_MODE
     resume_state: Optional[Mapping[str, Any]] = None
-    settings: Mapping[str, Any] = field(default_factory=dict)
+    settings: Mapping[str, Any] = field(default_factory=dict, hash=False)
     mode_options: Any = field(default=None, init=False, compare=False, repr=False)
 
     def __init__(self, *args: Any, **arguments: Any) -> None:
