@@ -4,13 +4,17 @@ and an Azure mirror of an S3 origin, filled once, then read instead of the origi
 
 from __future__ import annotations
 
+import json
+import signal
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 
-from tests.cloud_helpers import Cloud, dataset, expected_keys, reader_keys, unique
+from tests.cloud_helpers import Cloud, dataset, expected_keys, python_env, reader_keys, unique
 from tests.faultproxy import FaultProxy
 from tests.servers import AzureServer
 from tests.sources_helpers import archive_bytes, cache_files, cache_from, read_back, tar_bytes
@@ -19,6 +23,7 @@ from yogacache.format.manifest import MANIFEST_NAME, Manifest
 from yogacache.sources import SourceChangedError, from_url
 from yogacache.sources.freshness import check_pins
 from yogacache.store import open_store
+from yogacache.store.copy import copy_cache
 from yogacache.store.mirrors import MirroredCacheStore
 from yogacache.store.remote import RemoteCacheStore, read_origin
 
@@ -139,3 +144,42 @@ def test_an_azure_origin_with_a_mirror_in_the_config(
     )
     assert reader_keys(store.open("ds", "v1")) == expected_keys(50)
     assert any(key.endswith(MANIFEST_NAME) for key in mirror.raw_keys(bucket))  # the mirror was filled
+
+
+# -- a copy to Azure, killed half way ---------------------------------------------------------------
+@pytest.mark.slow
+def test_a_copy_to_azure_killed_half_way_resumes(s3_server: Any, azure_server: AzureServer, tmp_path: Path) -> None:
+    """As test_copy_resume's copy to GCS: an Azure upload (Put Blob, or blocks committed at the
+    end) appears whole or not at all, so the copy run again keeps the parts already there."""
+    from tests.test_copy_resume import PART_SIZE, N, part_objects, wait_for_parts
+
+    source, target = Cloud("s3", s3_server), Cloud("azure", azure_server)
+    source_bucket, target_container = source.new_bucket(), target.new_bucket()
+    builder = RemoteCacheStore(
+        source.store(source_bucket, "caches"), tmp_path / "builder", part_size_bytes=PART_SIZE, show_progress=False
+    )
+    manifest = builder.get_or_build("ds", "v1", lambda: dataset(N)).manifest
+    source_config = tmp_path / "src.json"
+    source_config.write_text(json.dumps(source.config(source_bucket, "caches")))
+    with FaultProxy(azure_server.url) as proxy:
+        proxy.add_rule(action="delay", method="PUT", path_contains="-part-", seconds=0.3)  # every upload slowed
+        process = subprocess.Popen(
+            [sys.executable, "-m", "yogacache", "copy", "ds", "v1", "--from", str(source_config),
+             "--to", target.url(target_container, "caches"), "--threads", "1"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=python_env(AZURE_STORAGE_CONNECTION_STRING=azure_server.connection_string_at(proxy.url)),
+        )
+        wait_for_parts(target, target_container, len(manifest.parts) // 2, process)
+        process.send_signal(signal.SIGKILL)
+        process.communicate(timeout=30)
+    present = len(part_objects(target, target_container))
+    assert 0 < present < len(manifest.parts)
+    assert f"caches/ds/v1/{MANIFEST_NAME}" not in target.raw_keys(target_container)
+    destination = target.store(target_container, "caches")
+    report = copy_cache(source_config, destination, "ds", "v1", show_progress=False)
+    assert report.published and len(report.kept) >= present
+    assert sorted(report.kept + report.copied) == [part.name for part in manifest.parts]
+    reader = RemoteCacheStore(destination, tmp_path / "reader", show_progress=False).open("ds", "v1")
+    assert reader_keys(reader) == expected_keys(N)
