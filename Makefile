@@ -29,7 +29,7 @@ $(VENV)/azurite/.installed: $(VENV)/bin/python
 	touch $@
 
 test: $(VENV)/.installed-dev $(VENV)/azurite/.installed
-	$(PY) -m pytest $(PYTEST_ARGS)
+	AZURITE_BLOB=$(abspath $(VENV))/azurite/node_modules/.bin/azurite-blob $(PY) -m pytest $(PYTEST_ARGS)
 
 # Layers (import-linter contracts in pyproject.toml), style and types: run by .ci/run before the tests.
 lint: $(VENV)/.installed-dev
