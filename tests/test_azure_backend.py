@@ -158,6 +158,7 @@ def test_a_large_object_is_staged_in_blocks(store: AzureObjectStore, monkeypatch
     assert sum(sent) == len(data)
     blocks = store._blob("big").get_block_list("committed")[0]
     assert [block.size for block in blocks] == [1_200_000] * 4 + [len(data) - 4_800_000]  # blocks of >= 1 MiB
+    assert len({block.id[:32] for block in blocks}) == 1  # ids of this upload alone
     assert b"".join(store.read_chunks("big", chunk_bytes=1 << 20)) == data
     assert store.checksum("big").crc32c == crc32c_of(data)  # type: ignore[union-attr]
 

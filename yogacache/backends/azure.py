@@ -15,6 +15,7 @@ from __future__ import annotations
 import builtins
 import os
 import time
+import uuid
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any, Optional
@@ -422,8 +423,10 @@ class AzureObjectStore(CopyableObjectStore, PinnedObjectStore):
         pending: builtins.list[bytes] = []
         pending_bytes = 0
 
+        upload = uuid.uuid4().hex  # this upload's own block ids: a concurrent one cannot mix its blocks in
+
         def stage(data: bytes) -> None:
-            block_id = f"{len(blocks):08d}"
+            block_id = f"{upload}-{len(blocks):08d}"
             blob.stage_block(block_id, data, length=len(data), validate_content=True)
             blocks.append(BlobBlock(block_id=block_id))
             if progress:
