@@ -280,3 +280,32 @@ def test_canary_azurite_ignores_start_from_and_the_backend_drops_earlier_keys(az
     assert [blob.name for blob in client.list_blobs(start_from="b")] == ["a", "b", "c"]
     page = Cloud("azure", azure_server).store(container, "").list_page("", start_at="b")
     assert [pin.key for pin in page.objects] == ["b", "c"] and not page.more
+
+
+def test_a_ranged_pull_and_a_block_push_never_discard_pooled_connections(
+    azure_server: AzureServer, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """4 transfer threads x 4 ranged or block requests each at once: the pool holds them all."""
+    import logging
+
+    import numpy as np
+
+    from yogacache.store.remote import RemoteCacheStore
+
+    container = azure_server.new_bucket()
+
+    def objects() -> AzureObjectStore:
+        return AzureObjectStore(container, "caches", connection_string=azure_server.connection_string,
+                                transfer_bytes=1 << 20)
+
+    records = [{"i": np.int64(i), "x": np.full(1 << 20, i, np.uint8)} for i in range(24)]
+    with caplog.at_level(logging.WARNING, logger="urllib3"):
+        builder = RemoteCacheStore(objects(), tmp_path / "builder", part_size_bytes=6 << 20, show_progress=False)
+        manifest = builder.build("ds", "v1", records)
+        assert len(manifest.parts) >= 4
+        reading = objects()
+        http = HttpRequests().attach(reading)
+        reader = RemoteCacheStore(reading, tmp_path / "node", show_progress=False).open("ds", "v1")
+    assert reader.manifest.freshness == manifest.freshness
+    assert len([r for r in http.sent if "-part-" in r and r.startswith("GET")]) > 4 * len(manifest.parts)  # ranged
+    assert [r.getMessage() for r in caplog.records if "pool is full" in r.getMessage()] == []

@@ -171,6 +171,7 @@ class AzureObjectStore(CopyableObjectStore, PinnedObjectStore):
         timeout: float = 60.0,
         transfer_threads: int = DEFAULT_TRANSFER_THREADS,
         max_concurrency: int = 4,
+        transfer_bytes: int = _SINGLE_PUT,
     ) -> None:
         self.container = container
         self.prefix = prefix.strip("/")
@@ -190,8 +191,12 @@ class AzureObjectStore(CopyableObjectStore, PinnedObjectStore):
             connection_timeout=timeout,
             read_timeout=timeout,
             session=session,
-            max_single_put_size=_SINGLE_PUT,
-            max_block_size=_BLOCK,
+            # Objects past ``transfer_bytes`` go in blocks, and come in ranges, of that size at most
+            # (``max_concurrency`` at once); tests lower it to exercise those paths.
+            max_single_put_size=transfer_bytes,
+            max_block_size=min(_BLOCK, transfer_bytes),
+            max_single_get_size=transfer_bytes,
+            max_chunk_get_size=min(_BLOCK, transfer_bytes),
         )
         parsed = urlparse(self._service.url)
         self.endpoint = f"{parsed.scheme}://{parsed.netloc}{parsed.path.rstrip('/')}"  # no SAS query
