@@ -257,6 +257,16 @@ def test_rm_remote_removes_only_the_published_cache(populated: Remote) -> None:
     assert rows[("mnist", "v10")]["where"] == "remote+local"
 
 
+def test_rm_remote_of_an_azure_cache_removes_only_that_cache(azure_server: Any, tmp_path: Path) -> None:
+    remote = Remote(Cloud("azure", azure_server), tmp_path)
+    for version in ("v1", "v10"):
+        remote.node("node-a").build("mnist", version, dataset(40))
+    v10_keys = remote.keys("mnist/v10/")
+    result = remote.cli("rm", "mnist", "v1", "--remote", "-y")
+    assert result.returncode == 0, result.stderr
+    assert remote.keys("mnist/v1/") == [] and remote.keys("mnist/v10/") == v10_keys
+
+
 def test_rm_default_removes_only_the_local_copy(populated: Remote) -> None:
     remote = populated
     keys = remote.keys()
