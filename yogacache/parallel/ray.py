@@ -23,8 +23,9 @@ import uuid
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Optional, Sequence
 
+from yogacache.backends.base import DEFAULT_TRANSFER_THREADS
 from yogacache.errors import BuildError, ConfigError, YogaCacheError
-from yogacache.format.manifest import MANIFEST_NAME, Manifest
+from yogacache.format.manifest import Manifest
 from yogacache.format.writer import DEFAULT_PART_SIZE
 from yogacache.parallel.pool import ProgressTotals, ShardProgress
 from yogacache.parallel.shards import (
@@ -37,6 +38,9 @@ from yogacache.parallel.shards import (
 )
 from yogacache.progress import Progress
 from yogacache.store import RemoteStore, open_store
+from yogacache.store.keys import cache_key, part_object_name
+from yogacache.store.publish import delete_build_parts, publish_manifest
+from yogacache.store.transfers import upload_files
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +80,6 @@ class _Publication:
         self.dataset_id = dataset_id
         self.dataset_version = dataset_version
         self.build_id = build_id or uuid.uuid4().hex
-        self.manifest_key = self.store.key(dataset_id, dataset_version, MANIFEST_NAME)
 
     @property
     def where(self) -> str:
@@ -96,18 +99,15 @@ class _Publication:
         manifest = assemble_manifest(
             results, self.dataset_id, self.dataset_version, build_id=self.build_id, extra=extra
         )
-        if self.store.objects.write(self.manifest_key, manifest.to_bytes(), if_absent=True) is None:
+        if not publish_manifest(self.store.objects, manifest):  # then deletes killed attempts' parts
             self.abort()
             raise CacheExistsError(f"another builder published {self.where} first; this build was not published")
-        self.store.delete_unreferenced(self.dataset_id, self.dataset_version)  # killed attempts' parts
         return manifest
 
     def abort(self) -> None:
         """Deletes every part object this build uploaded (best effort: a killed driver's are
         deleted by the next publish)."""
-        prefix = self.store.key(self.dataset_id, self.dataset_version, f"{self.build_id}-")
-        for info in self.store.objects.list(prefix):
-            self.store.objects.delete(info.key)
+        delete_build_parts(self.store.objects, self.dataset_id, self.dataset_version, self.build_id)
 
 
 class ProgressBoard:
@@ -167,11 +167,12 @@ def write_and_upload(
             progress=progress,
             sync=False,  # the scratch copy is never published: the upload is what must be durable
         )
+        files = [
+            (Path(scratch) / part.name, cache_key(dataset_id, dataset_version, part_object_name(build_id, part.name)))
+            for part in result.parts
+        ]
         # A shared directory on the scratch's filesystem takes the parts as they are (a link).
-        upload = getattr(store.objects, "adopt_file", store.objects.upload_file)
-        for part in result.parts:
-            key = store.key(dataset_id, dataset_version, f"{build_id}-{part.name}")
-            upload(Path(scratch) / part.name, key)
+        upload_files(store.objects, files, threads=DEFAULT_TRANSFER_THREADS, adopt=True)
     return result
 
 

@@ -18,20 +18,16 @@ syncing from the destination sees the same build as one syncing from the source.
 
 An interrupted copy leaves part objects but no manifest: readers of the destination see nothing,
 and running the copy again resumes. A later publish of the destination removes parts no manifest
-names (``RemoteCacheStore``'s clean-up).
+names (``store.publish``'s clean-up).
 """
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import logging
 import os
-import queue
 import threading
 import zlib
-from collections.abc import Iterable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any, ContextManager, Mapping, Optional, Union, cast
 
@@ -42,19 +38,16 @@ from yogacache.backends.base import (
     RemoteError,
 )
 from yogacache.errors import CacheNotFoundError, ConfigError, CorruptCacheError, YogaCacheError
-from yogacache.format.checksum import Crc32c, encode_crc32c
-from yogacache.format.manifest import MANIFEST_NAME, MAX_MANIFEST_BYTES, Manifest, PartInfo
-from yogacache.names import validate_name, validate_version
+from yogacache.format.checksum import encode_crc32c
+from yogacache.format.manifest import Manifest, PartInfo
 from yogacache.progress import TransferProgress, waiter
-from yogacache.store.lease import DEFAULT_LEASE_SECONDS, LEASE_NAME, Lease, holding
-from yogacache.store.transfers import run_transfers
+from yogacache.store import keys, publish
+from yogacache.store.lease import DEFAULT_LEASE_SECONDS, Lease, LeaseTimes
+from yogacache.store.transfers import HashedChunks, run_transfers, stream_part
 
 log = logging.getLogger(__name__)
 
 COPY_THREADS = 2 * DEFAULT_TRANSFER_THREADS  # parts copied at once
-_STREAM_ATTEMPTS = 3  # a stream that breaks part-way is started over this often
-_PREFETCH_CHUNKS = 2  # chunks read ahead of the upload, per streamed part
-_POLL_SECONDS = 0.1
 
 
 class CopyRefusedError(YogaCacheError):
@@ -80,34 +73,17 @@ class CacheLocation:
         return self.objects.url(key)
 
     def cache_key(self, dataset_id: str, dataset_version: str, name: str = "") -> str:
-        validate_name(dataset_id, "dataset_id")
-        validate_version(dataset_version)
-        return f"{dataset_id}/{dataset_version}/{name}"
+        return keys.cache_key(dataset_id, dataset_version, name)
 
     def manifest_key(self, dataset_id: str, dataset_version: str) -> str:
-        return self.cache_key(dataset_id, dataset_version, MANIFEST_NAME)
+        return keys.manifest_key(dataset_id, dataset_version)
 
     def part_key(self, manifest: Manifest, part: PartInfo) -> str:
-        name = f"{manifest.build_id}-{part.name}" if self.build_prefixed else part.name
-        return self.cache_key(manifest.dataset_id, manifest.dataset_version, name)
+        return keys.part_key(manifest, part, build_prefixed=self.build_prefixed)
 
     def published(self, dataset_id: str, dataset_version: str) -> tuple[Optional[str], Optional[Manifest]]:
-        """(version token, manifest) of the published manifest; (None, None) when there is none;
-        (token, None) when one is there but cannot be read (it can still be replaced)."""
-        key = self.manifest_key(dataset_id, dataset_version)
-        found = self.objects.read(key, max_bytes=MAX_MANIFEST_BYTES)
-        if found is None:
-            return None, None
-        data, token = found
-        if len(data) > MAX_MANIFEST_BYTES:
-            return token, None
-        try:
-            manifest = Manifest.from_bytes(data, self.url(key))
-        except YogaCacheError:
-            return token, None
-        if (manifest.dataset_id, manifest.dataset_version) != (dataset_id, dataset_version):
-            return token, None
-        return token, manifest
+        """(version token, manifest) of the published manifest (``publish.published``)."""
+        return publish.published(self.objects, dataset_id, dataset_version)
 
 
 Target = Union[CacheLocation, str, "os.PathLike[str]", Mapping[str, Any], Any]
@@ -186,9 +162,8 @@ def copy_cache(
     """
     src = open_location(source, endpoint_url=endpoint_url)
     dst = open_location(destination, endpoint_url=endpoint_url)
-    validate_name(dataset_id, "dataset_id")
-    validate_version(dataset_version)
-    manifest = _source_manifest(src, dataset_id, dataset_version)
+    keys.cache_key(dataset_id, dataset_version)  # validates both names
+    manifest, _ = _source_manifest(src, dataset_id, dataset_version)
     if any(part.crc32c is None for part in manifest.parts):
         manifest = add_checksums(src, dataset_id, dataset_version, threads=threads)
     report = CopyReport(dataset_id, dataset_version, manifest.build_id, src.url(), dst.url())
@@ -208,12 +183,8 @@ def _destination_lease(dst: CacheLocation, manifest: Manifest) -> ContextManager
         return CacheStore(root, show_progress=False).lock(
             dataset_id, dataset_version, on_wait=waiter(dataset_id, dataset_version)
         )
-    return holding(
-        dst.objects,
-        dst.cache_key(dataset_id, dataset_version, LEASE_NAME),
-        DEFAULT_LEASE_SECONDS,
-        what=f"{dataset_id}:{dataset_version}",
-        build_id=manifest.build_id,
+    return publish.holding_lease(
+        dst.objects, dataset_id, dataset_version, LeaseTimes(DEFAULT_LEASE_SECONDS), build_id=manifest.build_id,
         doing="copying",
     )
 
@@ -251,11 +222,7 @@ def _copy_holding_lease(
         log.info("%s already holds build %s; its parts were checked", dst.url(), manifest.build_id)
         return
     key = dst.manifest_key(dataset_id, dataset_version)
-    if token is None:
-        written = dst.objects.write(key, copied.to_bytes(), if_absent=True)
-    else:
-        written = dst.objects.write(key, copied.to_bytes(), if_token=token)
-    if written is None:
+    if not publish.commit_manifest(dst.objects, copied, replacing=token):
         _, now = dst.published(dataset_id, dataset_version)
         if now is not None and now.freshness == manifest.freshness:
             log.info("another copy published build %s at %s first", manifest.build_id, dst.url(key))
@@ -268,10 +235,7 @@ def _copy_holding_lease(
     report.published = True
     if existing is not None and existing.build_id != manifest.build_id and dst.build_prefixed:
         report.replaced_build = existing.build_id
-        prefix = dst.cache_key(dataset_id, dataset_version, f"{existing.build_id}-")
-        for info in dst.objects.list(prefix):
-            dst.objects.delete(info.key)
-
+        publish.delete_build_parts(dst.objects, dataset_id, dataset_version, existing.build_id)
 
 
 def add_checksums(
@@ -295,9 +259,7 @@ def add_checksums(
     """
     location = open_location(target, endpoint_url=endpoint_url)
     key = location.manifest_key(dataset_id, dataset_version)
-    found = location.objects.read(key, max_bytes=MAX_MANIFEST_BYTES)
-    manifest = _source_manifest(location, dataset_id, dataset_version, found)
-    token = found[1] if found is not None else None
+    manifest, token = _source_manifest(location, dataset_id, dataset_version)
     missing = [part for part in manifest.parts if part.crc32c is None]
     if not missing:
         return manifest
@@ -318,51 +280,40 @@ def add_checksums(
             )
         if reported.crc32c is not None:
             return replace(part, crc32c=reported.crc32c)
-        hashed = _Hashed(location.objects.read_chunks(part_key), part.hash_name)
+        hashed = HashedChunks(location.objects.read_chunks(part_key), part.hash_name)
         for _ in hashed:
             pass
         if hashed.digest != part.digest or hashed.size != part.size_bytes:
             raise CorruptCacheError(f"part {part.name} at {location.url(part_key)} does not match its manifest")
         return replace(part, crc32c=hashed.crc32c)
 
-    with ThreadPoolExecutor(max_workers=max(1, min(threads, len(missing))), thread_name_prefix="yogacache-crc") as pool:
-        added = dict(zip([part.name for part in missing], pool.map(checksum, missing)))
+    found = run_transfers(
+        lambda part, on_bytes: checksum(part), missing, threads=threads, add_bytes=lambda n: None, name="yogacache-crc"
+    )
+    added = dict(zip([part.name for part in missing], found))
     if all(part.crc32c is None for part in added.values()):
         return manifest  # the store computed none: nothing to record
     updated = replace(manifest, parts=tuple(added.get(part.name, part) for part in manifest.parts))
     try:
-        written = location.objects.write(key, updated.to_bytes(), if_token=token) if token else None
+        written = publish.commit_manifest(location.objects, updated, replacing=token)
     except RemoteError as error:
-        written = None
+        written = False
         log.warning("could not add CRC32Cs to %s (%s); they are used for this copy only", location.url(key), error)
-    if written is not None:
+    if written:
         log.info("added the CRC32C of %d part(s) to %s", len(missing), location.url(key))
     return updated
 
 
-def _source_manifest(
-    src: CacheLocation,
-    dataset_id: str,
-    dataset_version: str,
-    found: Optional[tuple[bytes, str]] = None,
-) -> Manifest:
-    key = src.manifest_key(dataset_id, dataset_version)
-    if found is None:
-        found = src.objects.read(key, max_bytes=MAX_MANIFEST_BYTES)
+def _source_manifest(src: CacheLocation, dataset_id: str, dataset_version: str) -> tuple[Manifest, str]:
+    """The manifest published at ``src`` and its version token (``publish.read_published``);
+    CacheNotFoundError when there is none."""
+    found = publish.read_published(src.objects, dataset_id, dataset_version)
     if found is None:
         raise CacheNotFoundError(
             f"no cache for dataset {dataset_id!r} version {dataset_version!r} at "
             f"{src.url(src.cache_key(dataset_id, dataset_version))}"
         )
-    if len(found[0]) > MAX_MANIFEST_BYTES:
-        raise CorruptCacheError(f"manifest {src.url(key)} is larger than {MAX_MANIFEST_BYTES} bytes")
-    manifest = Manifest.from_bytes(found[0], src.url(key))
-    if (manifest.dataset_id, manifest.dataset_version) != (dataset_id, dataset_version):
-        raise CorruptCacheError(
-            f"{src.url(key)} describes {manifest.dataset_id}:{manifest.dataset_version}, "
-            f"not {dataset_id}:{dataset_version}; refused"
-        )
-    return manifest
+    return found
 
 
 def _copy_parts(
@@ -441,7 +392,7 @@ def _copy_part(
         with lock:
             report.copied_server_side.append(part.name)
         return replace(part, crc32c=expected)
-    computed = _stream_part(src, dst, source_key, key, part, on_bytes)
+    computed = stream_part(src.objects, dst.objects, source_key, key, part, on_bytes)
     if expected is not None and computed != expected:
         raise CorruptCacheError(
             f"part {part.name} at {src.url(source_key)} has CRC32C {computed}, its manifest says "
@@ -467,7 +418,7 @@ def _read_back(
     manifest's ``expected``: the part is read back and checked here (size, content hash, CRC32C).
     CorruptCacheError when its bytes differ; else the endpoint computes another checksum under
     CRC32C's name, and the part's true checksum is returned (``copy_cache`` says so once)."""
-    hashed = _Hashed(dst.objects.read_chunks(key), part.hash_name)
+    hashed = HashedChunks(dst.objects.read_chunks(key), part.hash_name)
     crc32 = 0
     for chunk in hashed:
         crc32 = zlib.crc32(chunk, crc32)
@@ -518,115 +469,6 @@ def _check_copied(dst: CacheLocation, key: str, part: PartInfo, after: Any, expe
         )
 
 
-def _stream_part(
-    src: CacheLocation, dst: CacheLocation, source_key: str, key: str, part: PartInfo, on_bytes: Any
-) -> str:
-    """Streams one part through this process (no local file); returns its CRC32C after checking
-    its size and content hash against the manifest (a mismatch deletes the destination object)."""
-    for attempt in range(1, _STREAM_ATTEMPTS + 1):
-        hashed = _Hashed(src.objects.read_chunks(source_key), part.hash_name)
-        sent = 0
-
-        def counted(count: int) -> None:
-            nonlocal sent
-            sent += count
-            on_bytes(count)
-
-        try:
-            dst.objects.write_chunks(key, _prefetched(hashed), part.size_bytes, counted)
-        except RemoteError as error:
-            if attempt == _STREAM_ATTEMPTS:
-                raise
-            log.warning("copying %s to %s failed (%s); starting the part over", source_key, dst.url(key), error)
-            on_bytes(-sent)
-            continue
-        if hashed.size != part.size_bytes or hashed.digest != part.digest:
-            dst.objects.delete(key)
-            raise CorruptCacheError(
-                f"part {part.name} at {src.url(source_key)} does not match its manifest "
-                f"({hashed.size} bytes, {part.hash_name} {hashed.digest[:16]}...): the source is damaged; "
-                "nothing was published"
-            )
-        return hashed.crc32c
-    raise AssertionError("unreachable")  # pragma: no cover
-
-
-class _Hashed:
-    """Chunks passed through, the part's content hash (BLAKE3 or SHA-256), CRC32C and size
-    computed on the way."""
-
-    def __init__(self, chunks: Iterable[bytes], algorithm: str) -> None:
-        self._chunks = chunks
-        self._content = _new_digest(algorithm)
-        self._crc32c = Crc32c()
-        self.size = 0
-
-    def __iter__(self) -> Iterator[bytes]:
-        for chunk in self._chunks:
-            self._content.update(chunk)
-            self._crc32c.update(chunk)
-            self.size += len(chunk)
-            yield chunk
-
-    @property
-    def digest(self) -> str:
-        return str(self._content.hexdigest())
-
-    @property
-    def crc32c(self) -> str:
-        return self._crc32c.value
-
-
-def _new_digest(algorithm: str) -> Any:
-    """A hash object of the part hash ``algorithm`` (see ``format.manifest.PART_HASHES``)."""
-    if algorithm == "blake3":
-        import blake3
-
-        return blake3.blake3()
-    if algorithm == "sha256":
-        return hashlib.sha256()
-    raise CorruptCacheError(f"unknown part hash {algorithm!r}")
-
-
-def _prefetched(chunks: Iterable[bytes], depth: int = _PREFETCH_CHUNKS) -> Iterator[bytes]:
-    """``chunks``, read ahead by a thread, so that downloading overlaps uploading."""
-    buffer: queue.Queue[Any] = queue.Queue(maxsize=depth)
-    stop = threading.Event()
-    end = object()
-
-    def put(item: Any) -> bool:
-        while not stop.is_set():
-            try:
-                buffer.put(item, timeout=_POLL_SECONDS)
-                return True
-            except queue.Full:
-                continue
-        return False
-
-    def produce() -> None:
-        try:
-            for chunk in chunks:
-                if not put(chunk):
-                    return
-            put(end)
-        except BaseException as error:  # handed to the consumer
-            put(error)
-
-    reader = threading.Thread(target=produce, name="yogacache-copy-read", daemon=True)
-    reader.start()
-    try:
-        while True:
-            item = buffer.get()
-            if item is end:
-                return
-            if isinstance(item, BaseException):
-                raise item
-            yield item
-    finally:
-        stop.set()
-        reader.join(timeout=5)
-
-
 def check_copy(
     target: Target, dataset_id: str, dataset_version: str, *, endpoint_url: Optional[str] = None
 ) -> list[str]:
@@ -635,7 +477,7 @@ def check_copy(
     An object without a CRC32C where the manifest has one was rewritten since: it counts as
     damaged. Parts whose manifest has no CRC32C (caches never copied) are checked by size only."""
     location = open_location(target, endpoint_url=endpoint_url)
-    manifest = _source_manifest(location, dataset_id, dataset_version)
+    manifest, _ = _source_manifest(location, dataset_id, dataset_version)
     damaged = []
     for part in manifest.parts:
         found = location.objects.checksum(location.part_key(manifest, part))

@@ -28,14 +28,16 @@ import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Callable, Optional, TypeVar
 
 from yogacache.backends.base import ObjectStore
 from yogacache.errors import YogaCacheError
+from yogacache.progress import waiting
+from yogacache.store.keys import LEASE_NAME as LEASE_NAME  # re-exported: where the lease lives
 
 log = logging.getLogger(__name__)
 
-LEASE_NAME = "build-lease.json"  # beside the cache's manifest: <id>/<version>/build-lease.json
+T = TypeVar("T")
 DEFAULT_LEASE_SECONDS = 120.0  # a holder renews every third of it; a waiter takes over after it
 
 
@@ -253,6 +255,74 @@ class Lease:
         self.token = None
 
 
+@dataclass(frozen=True)
+class LeaseTimes:
+    """How long a lease lasts unrenewed, how often a waiter looks again, and how long it waits
+    in all (None: for ever)."""
+
+    seconds: float = DEFAULT_LEASE_SECONDS
+    poll_seconds: float = 1.0
+    wait_timeout: Optional[float] = None
+
+
+class _Waiting:
+    """A waiter's side of a lease: its deadline, and whether it named the holder yet."""
+
+    def __init__(self, what: str, doing: str, poll_seconds: float, timeout: Optional[float]) -> None:
+        self.what, self.doing, self.poll_seconds = what, doing, poll_seconds
+        self.deadline = None if timeout is None else time.monotonic() + timeout
+        self.announced = False
+
+    def turn(
+        self, lease: Lease, ready: Callable[[], Optional[T]], timed_out: Callable[[Optional[LeaseState]], str]
+    ) -> Optional[T]:
+        """None once ``lease`` is held; else the first thing ``ready()`` finds meanwhile."""
+        while True:
+            found = ready()
+            if found is not None:
+                return found
+            acquired, holder = lease.try_acquire()
+            if acquired:
+                return None
+            if holder is not None and not self.announced:
+                waiting(self.what, holder.owner, doing=self.doing)
+                self.announced = True
+            if self.deadline is not None and time.monotonic() > self.deadline:
+                raise BuildWaitTimeoutError(timed_out(holder))
+            time.sleep(self.poll_seconds)
+
+
+def build_or_wait(
+    lease: Lease,
+    ready: Callable[[], Optional[T]],
+    build: Callable[[], Optional[T]],
+    times: LeaseTimes,
+    *,
+    what: str,
+    waiting_for: str,
+) -> T:
+    """The first of: what ``ready()`` finds (another process built it), or what ``build()``
+    makes while this process holds ``lease`` (released after). ``ready`` is asked before every
+    try of the lease and again once it is held (built meanwhile); ``build`` returning None
+    (another process won) means looking again. While another process holds the lease, its holder
+    is named once (``what``); BuildWaitTimeoutError after ``times.wait_timeout`` seconds, saying
+    it waited for another node to do ``waiting_for``."""
+    waiter = _Waiting(what, "building", times.poll_seconds, times.wait_timeout)
+    timed_out = f"waited {times.wait_timeout} s for another node to {waiting_for}"
+    while True:
+        found = waiter.turn(lease, ready, lambda holder: timed_out)
+        if found is not None:
+            return found
+        try:
+            found = ready()
+            if found is None:
+                found = build()
+        finally:
+            lease.release()
+        if found is not None:
+            return found
+
+
 @contextlib.contextmanager
 def holding(
     objects: ObjectStore,
@@ -270,24 +340,15 @@ def holding(
     a push, a copy to it, the removal of parts no manifest names) holds it, so that none of them
     deletes or replaces what another is writing. ``what`` (``ID:VERSION``) names the cache in the
     waiting line; BuildWaitTimeoutError after ``timeout`` seconds of waiting."""
-    from yogacache.progress import waiting
-
     lease = Lease(objects, key, build_id or uuid.uuid4().hex, duration)
-    deadline = None if timeout is None else time.monotonic() + timeout
-    announced = False
-    while True:
-        acquired, holder = lease.try_acquire()
-        if acquired:
-            break
-        if holder is not None and not announced:
-            waiting(what, holder.owner, doing=doing)
-            announced = True
-        if deadline is not None and time.monotonic() > deadline:
-            raise BuildWaitTimeoutError(
-                f"waited {timeout} s for the build lease {objects.url(key)} "
-                f"({holder.owner if holder else 'another process'} holds it)"
-            )
-        time.sleep(poll_seconds)
+    _Waiting(what, doing, poll_seconds, timeout).turn(
+        lease,
+        lambda: None,
+        lambda holder: (
+            f"waited {timeout} s for the build lease {objects.url(key)} "
+            f"({holder.owner if holder else 'another process'} holds it)"
+        ),
+    )
     try:
         yield lease
     finally:

@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import builtins
 import logging
-import time
-import uuid
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -26,12 +24,13 @@ from typing import Any, Callable, Optional
 from yogacache.backends.base import ObjectStore, RemoteError
 from yogacache.errors import CacheNotFoundError, CorruptCacheError, IncompatibleCacheError, YogaCacheError
 from yogacache.format.manifest import Manifest
-from yogacache.progress import waiting
 from yogacache.read.reader import CacheReader
 from yogacache.store.base import CacheEntry
 from yogacache.store.copy import copy_cache
-from yogacache.store.lease import Lease
-from yogacache.store.remote import LEASE_NAME, BuildWaitTimeoutError, RemoteCacheStore, read_origin
+from yogacache.store.lease import BuildWaitTimeoutError, build_or_wait
+from yogacache.store.localroot import read_origin
+from yogacache.store.publish import new_lease
+from yogacache.store.remote import RemoteCacheStore
 
 log = logging.getLogger(__name__)
 
@@ -111,50 +110,36 @@ class MirroredCacheStore(RemoteCacheStore):
     ) -> Optional[Manifest]:
         """Makes ``near`` hold the current build: one node copies under ``near``'s build lease, the
         others wait for its manifest. Returns the manifest ``near`` then publishes."""
-        lease = Lease(
-            near.objects, near.key(dataset_id, dataset_version, LEASE_NAME), uuid.uuid4().hex, self.lease_seconds
-        )
-        deadline = None if self.wait_timeout is None else time.monotonic() + self.wait_timeout
-        announced = False
-        while True:
+
+        def filled() -> Optional[Manifest]:
             held = self._held(near, dataset_id, dataset_version)
-            if held is not None and held.freshness == current.freshness:
-                return held
-            acquired, holder = lease.try_acquire()
-            if acquired:
-                try:
-                    held = self._held(near, dataset_id, dataset_version)
-                    if held is not None and held.freshness == current.freshness:
-                        return held  # filled between our check and the lease
-                    source, _ = self._nearest_holding(dataset_id, dataset_version, current, skip=1)
-                    log.info(
-                        "copying %s:%s from %s into mirror %s",
-                        dataset_id,
-                        dataset_version,
-                        source.objects.url(),
-                        near.objects.url(),
-                    )
-                    copy_cache(
-                        source.objects,
-                        near.objects,
-                        dataset_id,
-                        dataset_version,
-                        replace_other=True,
-                        show_progress=self.show_progress,
-                        lease=lease,  # held: the copy must not wait for it
-                    )
-                finally:
-                    lease.release()
-                continue
-            if holder is not None and not announced:
-                waiting(f"{dataset_id}:{dataset_version} (copy into {near.objects.url()})", holder.owner)
-                announced = True
-            if deadline is not None and time.monotonic() > deadline:
-                raise BuildWaitTimeoutError(
-                    f"waited {self.wait_timeout} s for another node to copy {dataset_id}:{dataset_version} "
-                    f"into {near.objects.url()}"
-                )
-            time.sleep(self.poll_seconds)
+            return held if held is not None and held.freshness == current.freshness else None
+
+        lease = new_lease(near.objects, dataset_id, dataset_version, self.lease_seconds)
+
+        def fill() -> None:
+            source, _ = self._nearest_holding(dataset_id, dataset_version, current, skip=1)
+            log.info(
+                "copying %s:%s from %s into mirror %s",
+                dataset_id,
+                dataset_version,
+                source.objects.url(),
+                near.objects.url(),
+            )
+            copy_cache(
+                source.objects,
+                near.objects,
+                dataset_id,
+                dataset_version,
+                replace_other=True,
+                show_progress=self.show_progress,
+                lease=lease,  # held: the copy must not wait for it
+            )
+            return None  # the mirror's manifest says what it holds now: looked at again
+
+        what, into = f"{dataset_id}:{dataset_version}", near.objects.url()
+        copying, waiting_for = f"{what} (copy into {into})", f"copy {what} into {into}"
+        return build_or_wait(lease, filled, fill, self.lease_times, what=copying, waiting_for=waiting_for)
 
     # -- management -----------------------------------------------------------------------
     def list(self) -> builtins.list[CacheEntry]:

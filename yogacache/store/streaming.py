@@ -36,12 +36,13 @@ from typing import Any, Callable, Optional, Sequence
 from yogacache.backends.base import DEFAULT_TRANSFER_THREADS, ObjectStore, TransferCancelled, stop_retries_when
 from yogacache.errors import CacheReplacedError, ConfigError, CorruptCacheError, NoSpaceError
 from yogacache.format.durability import fsync_path
-from yogacache.format.integrity import file_identity, part_file_verified, part_matches, write_stamp
-from yogacache.format.manifest import MANIFEST_NAME, MAX_MANIFEST_BYTES, Manifest
+from yogacache.format.integrity import file_identity, part_file_verified, write_stamp
+from yogacache.format.manifest import MAX_MANIFEST_BYTES, Manifest
 from yogacache.read.reader import CacheReader
 from yogacache.safefs import make_directories
 from yogacache.sizes import format_size
-from yogacache.store import budget
+from yogacache.store import budget, keys
+from yogacache.store.transfers import download_part
 
 log = logging.getLogger(__name__)
 
@@ -92,7 +93,7 @@ class StreamingParts:
         self.manifest = manifest
         self.root = root
         self.directory = root / budget.PARTS_DIR / manifest.dataset_id / manifest.dataset_version
-        self.file_names = [f"{manifest.build_id}-{part.name}" for part in manifest.parts]
+        self.file_names = [keys.part_object_name(manifest.build_id, part.name) for part in manifest.parts]
         self.object_keys = list(object_keys)
         self.object_urls = list(object_urls)
         self.limit = limit
@@ -333,12 +334,7 @@ class StreamingParts:
             temp = self._reserve(index, on_demand=on_demand, distance=distance)
             if temp is None:
                 return  # no room to fetch ahead now; the reader fetches it when it gets there
-            try:
-                self._download(index, temp, stopping)
-                os.replace(temp, target)
-            except BaseException:
-                temp.unlink(missing_ok=True)
-                raise
+            self._download(index, temp, stopping)
             fsync_path(self.directory)
             self._count_fetch()
             try:
@@ -432,33 +428,39 @@ class StreamingParts:
         return Manifest.from_bytes(found[0], self.objects.url(self.manifest_key)).build_id
 
     def _download(self, index: int, temp: Path, stopping: Optional[threading.Event] = None) -> None:
-        part = self.manifest.parts[index]
+        """Downloads part ``index`` into ``temp``, verifies it and renames it to its name
+        (``transfers.download_part``); a fetch ahead stops once ``stopping`` is set."""
         url = self.object_urls[index]
 
         def on_bytes(count: int) -> None:
             if stopping is not None and stopping.is_set():
                 raise TransferCancelled(f"fetching {url} ahead stopped: its reader was closed")
 
-        try:
-            self.objects.download_file(self.object_keys[index], temp, on_bytes)
-        except FileNotFoundError:
-            current = self._current_build()
-            if current != self.manifest.build_id:
-                now = "is no longer published" if current is None else f"now holds build {current}"
-                raise CacheReplacedError(
-                    f"{url} is gone: {self.manifest.dataset_id}:{self.manifest.dataset_version} "
-                    f"{now}, and this reader streams build {self.manifest.build_id}; open the cache "
-                    "again to read the current build"
-                ) from None
-            raise CorruptCacheError(
-                f"{url} is missing although its manifest is published (deleted from the bucket?); "
-                "publish the cache again"
-            ) from None
-        size = temp.stat().st_size
-        if size != part.size_bytes or not part_matches(temp, part):
-            raise CorruptCacheError(f"{url} does not match its manifest's size and hash (altered or swapped); refused")
-        os.chmod(temp, 0o644)
-        fsync_path(temp)
+        download_part(
+            self.objects,
+            self.object_keys[index],
+            self.manifest.parts[index],
+            temp,
+            on_bytes=on_bytes,
+            when_missing=lambda: self._missing(url),
+            target=self.path(index),
+        )
+
+    def _missing(self, url: str) -> BaseException:
+        """Why a part object of this reader's build is gone: another build replaced it, or the
+        bucket lost it."""
+        current = self._current_build()
+        if current != self.manifest.build_id:
+            now = "is no longer published" if current is None else f"now holds build {current}"
+            return CacheReplacedError(
+                f"{url} is gone: {self.manifest.dataset_id}:{self.manifest.dataset_version} "
+                f"{now}, and this reader streams build {self.manifest.build_id}; open the cache "
+                "again to read the current build"
+            )
+        return CorruptCacheError(
+            f"{url} is missing although its manifest is published (deleted from the bucket?); "
+            "publish the cache again"
+        )
 
 
 def remove_streamed_parts(root: Path, dataset_id: str, dataset_version: str) -> list[str]:
@@ -492,17 +494,17 @@ def stream_cache(
     whose parts stream into the node-local part cache."""
     check_budget(manifest, limit)
     dataset_id, dataset_version = manifest.dataset_id, manifest.dataset_version
-    keys = [store.part_key(manifest, part) for part in manifest.parts]
+    part_keys = [keys.part_key(manifest, part) for part in manifest.parts]
 
     store.local.check_root(create=True)
     provider = StreamingParts(
         manifest,
         store.local.root,
-        keys,
-        [store.objects.url(key) for key in keys],
+        part_keys,
+        [store.objects.url(key) for key in part_keys],
         objects=store.objects,
         objects_factory=objects_factory,
-        manifest_key=store.key(dataset_id, dataset_version, MANIFEST_NAME),
+        manifest_key=keys.manifest_key(dataset_id, dataset_version),
         limit=limit,
         transfer_threads=store.transfer_threads,
     )

@@ -1,4 +1,10 @@
-"""Parallel part transfers (pull, push, copy) that all stop on the first failure or Ctrl-C.
+"""Part transfers: one verified download, one upload, a part streamed from one object store to
+another (a copy), and the parallel batch (pull, push, copy, streaming, Ray) that stops on the
+first failure or Ctrl-C.
+
+A download goes to a temporary path, is checked against the manifest's size and content hash,
+made readable (0644) and durable, and only then renamed to its name (or, for a whole copy, its
+directory is: ``store.sync``). Retries are ``RetryPolicy``'s, inside the backend.
 
 One batch runs ``work(item, on_bytes)`` for every item on a few threads. The first failure, or
 an interrupt of the thread waiting for the batch (Ctrl-C raises KeyboardInterrupt there), stops
@@ -11,16 +17,37 @@ and leaves them; they are daemon threads, so that they never hold the process at
 
 from __future__ import annotations
 
+import hashlib
+import logging
+import os
 import queue
 import threading
-from collections.abc import Sequence
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
 from typing import Any, Callable, Optional, TypeVar
 
-from yogacache.backends.base import ProgressCallback, TransferCancelled, stop_retries_when
+from yogacache.backends.base import (
+    CopyableObjectStore,
+    ObjectStore,
+    ProgressCallback,
+    RemoteError,
+    TransferCancelled,
+    stop_retries_when,
+)
+from yogacache.errors import CorruptCacheError
+from yogacache.format.checksum import Crc32c
+from yogacache.format.durability import fsync_path
+from yogacache.format.integrity import part_matches
+from yogacache.format.manifest import PartInfo
+
+log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 R = TypeVar("R")
 
+_STREAM_ATTEMPTS = 3  # a stream that breaks part-way is started over this often
+_PREFETCH_CHUNKS = 2  # chunks read ahead of the upload, per streamed part
 CANCEL_GRACE_SECONDS = 0.5  # how long a stopped batch waits for its running transfers
 _POLL_SECONDS = 0.1  # the waiting thread wakes this often, so that Ctrl-C reaches it promptly
 
@@ -102,8 +129,167 @@ def run_transfers(
 
 def _join(threads: list[threading.Thread], seconds: float) -> None:
     """Waits up to ``seconds`` in all for ``threads`` to end."""
-    import time
-
     deadline = time.monotonic() + seconds
     for thread in threads:
         thread.join(max(0.0, deadline - time.monotonic()))
+
+
+def download_part(
+    objects: ObjectStore,
+    key: str,
+    part: PartInfo,
+    temp: Path,
+    *,
+    on_bytes: Optional[ProgressCallback] = None,
+    when_missing: Callable[[], BaseException],
+    target: Optional[Path] = None,
+) -> None:
+    """Downloads the part object ``key`` to ``temp`` and checks it against ``part`` (size and
+    content hash: CorruptCacheError naming the object when it differs); then makes it 0644 (as
+    the parts a build writes, whatever the umask) and durable, and renames it to ``target`` if
+    given (removing ``temp`` on any failure). An absent object raises ``when_missing()``."""
+    try:
+        try:
+            objects.download_file(key, temp, on_bytes)
+        except FileNotFoundError:
+            raise when_missing() from None
+        if temp.stat().st_size != part.size_bytes or not part_matches(temp, part):
+            raise CorruptCacheError(
+                f"{objects.url(key)} does not match its manifest's size and hash (altered or swapped); refused"
+            )
+        os.chmod(temp, 0o644)
+        fsync_path(temp)
+        if target is not None:
+            os.replace(temp, target)
+    except BaseException:
+        if target is not None:
+            temp.unlink(missing_ok=True)
+        raise
+
+
+def upload_files(
+    objects: ObjectStore,
+    files: Sequence[tuple[Path, str]],
+    *,
+    threads: int,
+    add_bytes: ProgressCallback = lambda count: None,
+    adopt: bool = False,
+) -> None:
+    """Uploads every ``(path, key)`` in parallel (a batch of ``run_transfers``). ``adopt``: the
+    files are handed over, never to change again, so that a shared directory on their filesystem
+    may link them instead of copying (``adopt_file``, where the backend has it)."""
+    upload = getattr(objects, "adopt_file", objects.upload_file) if adopt else objects.upload_file
+    run_transfers(
+        lambda item, on_bytes: upload(item[0], item[1], on_bytes), files, threads=threads, add_bytes=add_bytes
+    )
+
+
+def stream_part(
+    src: CopyableObjectStore, dst: CopyableObjectStore, source_key: str, key: str, part: PartInfo, on_bytes: Any
+) -> str:
+    """Streams one part object from ``src`` to ``dst`` through this process (no local file);
+    returns its CRC32C after checking its size and content hash against the manifest (a mismatch
+    deletes the destination object). A stream that breaks part-way (the backend's retries spent)
+    is started over, ``_STREAM_ATTEMPTS`` times in all."""
+    for attempt in range(1, _STREAM_ATTEMPTS + 1):
+        hashed = HashedChunks(src.read_chunks(source_key), part.hash_name)
+        sent = 0
+
+        def counted(count: int) -> None:
+            nonlocal sent
+            sent += count
+            on_bytes(count)
+
+        try:
+            dst.write_chunks(key, _prefetched(hashed), part.size_bytes, counted)
+        except RemoteError as error:
+            if attempt == _STREAM_ATTEMPTS:
+                raise
+            log.warning("copying %s to %s failed (%s); starting the part over", source_key, dst.url(key), error)
+            on_bytes(-sent)
+            continue
+        if hashed.size != part.size_bytes or hashed.digest != part.digest:
+            dst.delete(key)
+            raise CorruptCacheError(
+                f"part {part.name} at {src.url(source_key)} does not match its manifest "
+                f"({hashed.size} bytes, {part.hash_name} {hashed.digest[:16]}...): the source is damaged; "
+                "nothing was published"
+            )
+        return hashed.crc32c
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+class HashedChunks:
+    """Chunks passed through, the part's content hash (BLAKE3 or SHA-256), CRC32C and size
+    computed on the way."""
+
+    def __init__(self, chunks: Iterable[bytes], algorithm: str) -> None:
+        self._chunks = chunks
+        self._content = _new_digest(algorithm)
+        self._crc32c = Crc32c()
+        self.size = 0
+
+    def __iter__(self) -> Iterator[bytes]:
+        for chunk in self._chunks:
+            self._content.update(chunk)
+            self._crc32c.update(chunk)
+            self.size += len(chunk)
+            yield chunk
+
+    @property
+    def digest(self) -> str:
+        return str(self._content.hexdigest())
+
+    @property
+    def crc32c(self) -> str:
+        return self._crc32c.value
+
+
+def _new_digest(algorithm: str) -> Any:
+    """A hash object of the part hash ``algorithm`` (see ``format.manifest.PART_HASHES``)."""
+    if algorithm == "blake3":
+        import blake3
+
+        return blake3.blake3()
+    if algorithm == "sha256":
+        return hashlib.sha256()
+    raise CorruptCacheError(f"unknown part hash {algorithm!r}")
+
+
+def _prefetched(chunks: Iterable[bytes], depth: int = _PREFETCH_CHUNKS) -> Iterator[bytes]:
+    """``chunks``, read ahead by a thread, so that downloading overlaps uploading."""
+    buffer: queue.Queue[Any] = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+    end = object()
+
+    def put(item: Any) -> bool:
+        while not stop.is_set():
+            try:
+                buffer.put(item, timeout=_POLL_SECONDS)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def produce() -> None:
+        try:
+            for chunk in chunks:
+                if not put(chunk):
+                    return
+            put(end)
+        except BaseException as error:  # handed to the consumer
+            put(error)
+
+    reader = threading.Thread(target=produce, name="yogacache-copy-read", daemon=True)
+    reader.start()
+    try:
+        while True:
+            item = buffer.get()
+            if item is end:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        stop.set()
+        reader.join(timeout=5)
