@@ -235,10 +235,12 @@ def test_every_store_class_has_every_member_of_the_protocol(tmp_path: Path) -> N
 
 
 def _modules_outside_store() -> list[tuple[Path, ast.Module]]:
+    """Every module that could hold a store but is not one: all but store/ and the backends
+    below it (which never see a store: an import contract keeps them from importing one)."""
     return [
         (path, ast.parse(path.read_text(), str(path)))
         for path in sorted(PACKAGE.rglob("*.py"))
-        if PACKAGE / "store" not in path.parents
+        if PACKAGE / "store" not in path.parents and PACKAGE / "backends" not in path.parents
     ]
 
 
@@ -249,6 +251,26 @@ def _names_in(node: ast.AST) -> set[str]:
 
 
 STORE_CLASSES = {"Store", "RemoteStore", "CacheStore", "RemoteCacheStore", "MirroredCacheStore"}
+
+
+def test_no_caller_outside_the_store_probes_a_store_or_uses_its_private_names() -> None:
+    found = []
+    for path, tree in _modules_outside_store():
+        where = path.relative_to(PACKAGE.parent)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("yogacache.store"):
+                found += [f"{where}:{node.lineno} imports {a.name}" for a in node.names if a.name.startswith("_")]
+            if isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__"):
+                if any("store" in name.lower() for name in _names_in(node.value)):
+                    found.append(f"{where}:{node.lineno} uses {ast.unparse(node)}")
+            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.args):
+                continue
+            if node.func.id in ("getattr", "hasattr") and any("store" in n.lower() for n in _names_in(node.args[0])):
+                found.append(f"{where}:{node.lineno} probes {ast.unparse(node)}")
+            if node.func.id in ("isinstance", "issubclass") and len(node.args) == 2:
+                if _names_in(node.args[1]) & STORE_CLASSES:
+                    found.append(f"{where}:{node.lineno} asks the class: {ast.unparse(node)}")
+    assert found == []
 
 
 def test_stores_are_built_only_by_the_factory_outside_the_store() -> None:
