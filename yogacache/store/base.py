@@ -121,11 +121,6 @@ class RemoteStore(Store, Protocol):
         """This node's copy's manifest, None when there is no readable local copy."""
         ...
 
-    def delete_unreferenced(self, dataset_id: str, dataset_version: str) -> None:
-        """Deletes the cache's part objects that its published manifest does not name (the
-        leftovers of failed or killed builds); the caller holds the cache's build lease."""
-        ...
-
     def remove_stranded(self, *, dry_run: bool = False) -> builtins.list[str]:
         """Removes (or, with ``dry_run``, lists) the URLs of part objects no published manifest
         names, across every cache of the storage."""
