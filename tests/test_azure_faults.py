@@ -1,6 +1,6 @@
 """Faults between a node and Azure (Azurite behind tests/faultproxy.py) beyond those that
 test_remote_faults.py injects for GCS and Azure alike: a truncated part body is retried, a
-failing part upload publishes nothing."""
+failing part upload publishes nothing, a streamed copy's failed block is sent again."""
 
 from __future__ import annotations
 
@@ -54,3 +54,27 @@ def test_persistent_fault_on_part_upload_publishes_nothing(azure: Cloud, proxy: 
     with pytest.raises(RemoteError, match="3 attempt"):
         node.build(DS, VER, records(OLD))
     assert not any(name.endswith(MANIFEST_NAME) for name in cloud_snapshot(azure, container))
+
+
+def test_a_block_that_fails_on_the_way_is_sent_again(
+    azure: Cloud, proxy: FaultProxy, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A streamed copy's blocks are each retried with the bytes in hand (the chunks feeding them
+    cannot be read again), and the commit after them too."""
+    import os
+
+    import yogacache.backends.azure as azure_module
+    from yogacache.backends.azure import AzureObjectStore
+    from yogacache.format.checksum import crc32c_of
+
+    monkeypatch.setattr(azure_module, "_BLOCK", 1 << 20)
+    container = azure.new_bucket()
+    store = AzureObjectStore(container, "c", connection_string=azure.server.connection_string_at(proxy.url))
+    proxy.add_rule(method="PUT", path_contains="comp=block&", times=1, **CLOUD_FAULTS["azure"]["500"])
+    proxy.add_rule(method="PUT", path_contains="comp=blocklist", times=1, action="reset")
+    data = os.urandom(3 << 20)
+    store.write_chunks("k", (data[i : i + 500_000] for i in range(0, len(data), 500_000)), len(data))
+    assert azure.raw_get(container, "c/k") == data
+    assert store.checksum("k").crc32c == crc32c_of(data)  # type: ignore[union-attr]
+    assert [e.action for e in proxy.requests("PUT", "comp=block&")][:2] == ["status", "forwarded"]
+    assert [e.action for e in proxy.requests("PUT", "comp=blocklist")] == ["reset", "forwarded"]

@@ -36,7 +36,6 @@ from yogacache.backends.base import (
     RemoteError,
     RetryPolicy,
     ServerCopy,
-    TransferCancelled,
     join_key,
 )
 from yogacache.errors import ConfigError
@@ -60,7 +59,8 @@ _CREDENTIALS_HINT = (
     "set AZURE_STORAGE_CONNECTION_STRING, or AZURE_STORAGE_ACCOUNT_URL with AZURE_STORAGE_KEY "
     "(or AZURE_STORAGE_SAS_TOKEN), or connection_string / account_url + credential in the config"
 )
-# Refusals that another try with the same request cannot turn around.
+# Refusals that another try with the same request cannot turn around (an MD5 mismatch can: the
+# bytes changed on the way, and the client holds them still).
 _FINAL_CODES = {
     "AuthenticationFailed",
     "AuthorizationFailure",
@@ -73,8 +73,6 @@ _FINAL_CODES = {
     "InvalidQueryParameterValue",
     "InvalidHeaderValue",
     "UnsupportedHeader",
-    "Md5Mismatch",
-    "Crc64Mismatch",
 }
 
 
@@ -418,8 +416,9 @@ class AzureObjectStore(CopyableObjectStore, PinnedObjectStore):
     def write_chunks(
         self, key: str, chunks: Iterable[bytes], size: int, progress: Optional[ProgressCallback] = None
     ) -> None:
-        """Blocks staged as the chunks come (each with its Content-MD5, which the server checks),
-        committed with the whole object's CRC32C in the metadata; one Put Blob for one chunk."""
+        """Blocks staged as the chunks come (each with its Content-MD5, which the server checks;
+        each request retried, its bytes in hand), committed with the whole object's CRC32C in the
+        metadata; one Put Blob for one chunk."""
         blob = self._blob(key)
         whole = Crc32c()
         # Enough bytes a block that the blob stays within Azure's block count.
@@ -427,39 +426,38 @@ class AzureObjectStore(CopyableObjectStore, PinnedObjectStore):
         blocks: builtins.list[BlobBlock] = []
         pending: builtins.list[bytes] = []
         pending_bytes = 0
-
         upload = uuid.uuid4().hex  # this upload's own block ids: a concurrent one cannot mix its blocks in
 
         def stage(data: bytes) -> None:
             block_id = f"{upload}-{len(blocks):08d}"
-            blob.stage_block(block_id, data, length=len(data), validate_content=True)
+            self._run(
+                "upload of a block to",
+                key,
+                lambda: blob.stage_block(block_id, data, length=len(data), validate_content=True),
+            )
             blocks.append(BlobBlock(block_id=block_id))
             if progress:
                 progress(len(data))
 
-        # Not retried: the chunks are consumed; the caller starts the object over.
-        try:
-            for chunk in chunks:
-                whole.update(chunk)
-                pending.append(bytes(chunk))
-                pending_bytes += len(chunk)
-                if pending_bytes >= block_bytes:
-                    stage(b"".join(pending))
-                    pending, pending_bytes = [], 0
-            metadata = {_CRC32C_METADATA: whole.value}
-            rest = b"".join(pending)
-            if not blocks:
-                blob.upload_blob(rest, overwrite=True, metadata=metadata, validate_content=True)
-                if progress and rest:
-                    progress(len(rest))
-                return
-            if rest:
-                stage(rest)
-            blob.commit_block_list(blocks, metadata=metadata)
-        except (RemoteError, FileNotFoundError, TransferCancelled):
-            raise
-        except Exception as error:  # noqa: BLE001 - the backend's own exception types
-            raise RemoteError(f"upload to {self.url(key)} failed: {self._describe(error)}") from None
+        for chunk in chunks:
+            whole.update(chunk)
+            pending.append(bytes(chunk))
+            pending_bytes += len(chunk)
+            if pending_bytes >= block_bytes:
+                stage(b"".join(pending))
+                pending, pending_bytes = [], 0
+        metadata = {_CRC32C_METADATA: whole.value}
+        rest = b"".join(pending)
+        if not blocks:
+            self._run(
+                "PUT", key, lambda: blob.upload_blob(rest, overwrite=True, metadata=metadata, validate_content=True)
+            )
+            if progress and rest:
+                progress(len(rest))
+            return
+        if rest:
+            stage(rest)
+        self._run("committing the blocks of", key, lambda: blob.commit_block_list(blocks, metadata=metadata))
 
     def copy_server_side(self, copy: ServerCopy) -> bool:
         """Copy Blob (polled until done) when the source is a container of the same account: bytes
