@@ -74,6 +74,11 @@ def test_account_url_and_key_instead_of_a_connection_string(
     )
     assert AZURITE_KEY not in repr(config)
     assert open_backend(config.url, **config.backend_options()).read("k")[0] == b"by key"  # type: ignore
+    # A URL's endpoint_url (the CLI's --endpoint-url) is the account URL.
+    monkeypatch.delenv("AZURE_STORAGE_ACCOUNT_URL")
+    monkeypatch.setenv("AZURE_STORAGE_KEY", AZURITE_KEY)
+    by_endpoint = open_backend(f"az://{container}/p", endpoint_url=azure_server.account_url)
+    assert by_endpoint.read("k")[0] == b"by key"  # type: ignore[index]
 
 
 def test_no_account_says_what_to_set(monkeypatch: pytest.MonkeyPatch) -> None:
