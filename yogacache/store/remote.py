@@ -119,11 +119,6 @@ class RemoteCacheStore:
         """This store: it publishes to ``objects`` (the ``Store`` protocol's remote view)."""
         return self
 
-    def delete_unreferenced(self, dataset_id: str, dataset_version: str) -> None:
-        """The part objects of the cache its published manifest does not name, deleted (the
-        caller holds the build lease)."""
-        publish.delete_unreferenced(self.objects, dataset_id, dataset_version)
-
     def mirror_builds(self) -> Optional[builtins.list[tuple[str, str, str, Optional[str]]]]:
         """None: this storage has no mirrors (``MirroredCacheStore`` lists them)."""
         return None

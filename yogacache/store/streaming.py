@@ -42,6 +42,7 @@ from yogacache.read.reader import CacheReader
 from yogacache.safefs import make_directories
 from yogacache.sizes import format_size
 from yogacache.store import budget, keys
+from yogacache.store.readorder import ReadOrder
 from yogacache.store.transfers import download_part
 
 log = logging.getLogger(__name__)
@@ -111,13 +112,7 @@ class StreamingParts:
         self._lock = threading.Lock()
         self._pool: Optional[ThreadPoolExecutor] = None
         self._ahead: dict[int, Future[None]] = {}
-        self._order: list[int] = []  # this epoch's parts in order of first use, then the next's
-        self._current = 0  # how many of ``_order`` are this epoch's
-        self._first: dict[int, int] = {}  # part -> its place in this epoch's part of ``_order``
-        self._position = 0  # where in ``_order`` the reader is: its latest new part this epoch
-        # How far behind ``_position`` the reader comes back to parts (the window of parts it
-        # mixes, less one): learned from its reads, kept across epochs.
-        self._lag = 0
+        self._reading = ReadOrder()  # where the reader is in its announced order
         self._fetched = 0  # parts downloaded since this epoch's order was announced
         self._warned = False
         self._held: dict[int, int] = {}
@@ -166,7 +161,7 @@ class StreamingParts:
             lease.hold(self.item(index))
         with self._lock:
             self._held[index] = self._held.get(index, 0) + 1
-            self._advance(index)
+            self._reading.advance(index)
             ahead = self._ahead.get(index)
         try:
             if ahead is not None:
@@ -201,55 +196,10 @@ class StreamingParts:
         twice, as ``CacheReader.expect_plan`` lists each epoch's parts once)."""
         self._process()
         with self._lock:
-            self._set_order([int(index) for index in order], current)
+            self._reading.set([int(index) for index in order], current)
             self._fetched = 0
         self._announce()
         self._fetch_ahead()
-
-    # -- where the reader is -----------------------------------------------------------------
-    def _set_order(self, order: list[int], current: Optional[int]) -> None:
-        if current is None:
-            seen: set[int] = set()
-            current = len(order)
-            for place, index in enumerate(order):
-                if index in seen:
-                    current = place
-                    break
-                seen.add(index)
-        self._order, self._current, self._position = order, max(0, min(current, len(order))), 0
-        self._first = {}
-        for place, index in enumerate(order[: self._current]):
-            self._first.setdefault(index, place)
-
-    def _advance(self, index: int) -> None:
-        """Notes that the reader reads part ``index`` (under ``_lock``): a part new to this epoch
-        moves its position there; a part it read before this epoch shows how far back it reads
-        (``_lag``). Only a part this epoch does not read at all moves it into the next epoch."""
-        place = self._first.get(index)
-        if place is None:
-            later = self._order[self._current :]
-            if index not in later:
-                return  # not in the announced order (a random read): where it is stays
-            self._set_order(later, None)  # the reader went on into the next epoch unannounced
-            place = self._first.get(index)
-            if place is None:
-                return
-        if place >= self._position:
-            self._position = place
-        else:
-            self._lag = max(self._lag, self._position - place)
-
-    def _needed(self) -> tuple[list[int], int, int]:
-        """(parts, keep, start): what the reader needs from here on, in order -- the parts of
-        this epoch it may still come back to, then ``_order`` from its position --; how many of
-        those a fetch ahead must leave on the node: the rest of this epoch and the parts the next
-        one starts with (as many as the reader reads at a time); and where in ``_order`` the list
-        starts (under ``_lock``)."""
-        start = max(0, self._position - self._lag)
-        if self._position >= self._current:
-            start = self._position
-        keep = max(0, self._current - start) + min(self._lag + 1, len(self._order) - self._current)
-        return self._order[start:], keep, start
 
     def close(self) -> None:
         """Stops fetching ahead: queued fetches are dropped, running ones stop at their next
@@ -258,7 +208,7 @@ class StreamingParts:
             return
         with self._lock:
             pool, self._pool = self._pool, None
-            self._order, self._ahead = [], {}
+            self._reading.order, self._ahead = [], {}
             stopping, self._stopping = self._stopping, threading.Event()
         stopping.set()
         if pool is not None:
@@ -267,7 +217,7 @@ class StreamingParts:
     # -- fetching --------------------------------------------------------------------------
     def _announce(self) -> None:
         with self._lock:
-            needed, now, _start = self._needed()
+            needed, now, _start = self._reading.needed()
         upcoming = needed[: budget.UPCOMING_LIMIT]
         budget.process_lease(self.root).announce(self._key, [self.item(index) for index in upcoming], now)
 
@@ -283,14 +233,14 @@ class StreamingParts:
         """Starts fetches of the next parts of the announced order (not yet on the node): this
         epoch's, and at most the first of the next epoch's."""
         with self._lock:
-            _needed, _now, start = self._needed()
-            end = min(self._position + 1 + self._ahead_count(), self._current + 1)
-            window = self._order[self._position : end]
+            _needed, _now, start = self._reading.needed()
+            end = min(self._reading.position + 1 + self._ahead_count(), self._reading.current + 1)
+            window = self._reading.order[self._reading.position : end]
             if window and not os.path.exists(self.path(window[0])):
                 # The part the reader needs now has the link to itself: the next ones start
                 # when it is here (the first batch comes after one part's fetch, not several).
                 window = window[:1]
-            for place, index in enumerate(window, start=self._position):
+            for place, index in enumerate(window, start=self._reading.position):
                 if index in self._ahead and not self._ahead[index].done():
                     continue
                 if os.path.exists(self.path(index)):
@@ -298,7 +248,7 @@ class StreamingParts:
                 # Ahead within this epoch: never evicting what is needed before it. The next
                 # epoch's first part: only into room that no reader needs (it is fetched ahead
                 # to start that epoch without waiting, not at the cost of a part it reads).
-                distance = place - start if place < self._current else math.inf
+                distance = place - start if place < self._reading.current else math.inf
                 if self._pool is None:
                     self._pool = ThreadPoolExecutor(self.transfer_threads, thread_name_prefix="yogacache-stream")
                 self._ahead[index] = self._pool.submit(self._fetch_quietly, index, distance, self._stopping)
@@ -346,7 +296,7 @@ class StreamingParts:
         """Whether a part the reader needs before part ``index`` (from its position on) is neither
         on the node nor being downloaded: a fetch ahead of ``index`` would take its room."""
         with self._lock:
-            order, position = self._order, self._position
+            order, position = self._reading.order, self._reading.position
             end = position
             while end < len(order) and order[end] != index:
                 end += 1
@@ -365,7 +315,7 @@ class StreamingParts:
         parts for the read order, and parts are fetched again within the epoch."""
         with self._lock:
             self._fetched += 1
-            fetched, parts = self._fetched, len(self._first)
+            fetched, parts = self._fetched, len(self._reading.first)
             if self._warned or not parts or fetched <= parts + 1:
                 return
             self._warned = True
