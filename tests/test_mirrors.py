@@ -205,7 +205,7 @@ def test_mirrors_in_the_config_and_in_ls(world: World, tmp_path: Path, capsys: p
     [
         ("near", "data_layer.mirrors must be a list"),
         (["x"], r"data_layer.mirrors\[0\] must be a storage config mapping"),
-        ([{"type": "shared_fs", "host_storage_path": "/data"}], r"mirrors\[0\] must be an s3 or gcs storage"),
+        ([{"type": "shared_fs", "host_storage_path": "/data"}], r"mirrors\[0\] must be an azure, gcs or s3 storage"),
         ([{"type": "gcs", "bucket": "b", "mirrors": []}], r"mirrors\[0\] may not set mirrors"),
         ([{"type": "gcs", "buckt": "b"}], r"mirrors\[0\]: unknown data_layer keys.*did you mean bucket"),
     ],

@@ -209,7 +209,8 @@ def _mirrors(raw: Mapping[str, Any]) -> tuple[Any, ...]:
         except ConfigError as error:
             raise ConfigError(f"data_layer.mirrors[{index}]: {error}") from None
         if not isinstance(mirror, _CloudConfig):
-            raise ConfigError(f"data_layer.mirrors[{index}] must be an s3 or gcs storage")
+            *others, last = sorted(name for name, cls in _TYPES.items() if issubclass(cls, _CloudConfig))
+            raise ConfigError(f"data_layer.mirrors[{index}] must be an {', '.join(others)} or {last} storage")
         found.append(mirror)
     return tuple(found)
 
