@@ -50,6 +50,16 @@ def test_sources_open_one_registry_backend_per_bucket(s3_server: S3Server) -> No
     assert list(access.all()) == [one, other, local]
 
 
+def test_one_endpoint_is_not_sent_to_two_services() -> None:
+    """An S3 endpoint given with sources that also read az:// objects would be taken by Azure as
+    its account URL: refused, naming both schemes, before any request."""
+    access = Accessors("http://127.0.0.1:9/s3-endpoint")
+    access(parse_location("s3://bucket-a/x.tar"))
+    access(parse_location("/tmp/some/file.bin"))  # takes no endpoint: no conflict
+    with pytest.raises(SourceError, match=r"endpoint_url names one service's endpoint.*az:// and s3://"):
+        access(parse_location("az://container/y.tar"))
+
+
 def test_a_local_directory_lists_its_regular_files_dotfiles_too_and_no_symlinks(tmp_path: Path) -> None:
     root = tmp_path / "data"
     (root / "sub").mkdir(parents=True)

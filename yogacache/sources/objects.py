@@ -194,14 +194,23 @@ class Accessors:
     def __init__(self, endpoint_url: Optional[str] = None) -> None:
         self.endpoint_url = endpoint_url
         self._made: dict[str, SourceStorage] = {}
+        self._endpoint_schemes: set[str] = set()
         self._lock = threading.Lock()
 
     def __call__(self, location: Location) -> SourceStorage:
         root = location.child("")
         with self._lock:
             if root.store_url not in self._made:
-                settings = {"endpoint_url": self.endpoint_url} if "endpoint_url" in backend_settings(
-                    location.scheme) else {}
+                settings = {}
+                if self.endpoint_url is not None and "endpoint_url" in backend_settings(location.scheme):
+                    settings["endpoint_url"] = self.endpoint_url
+                    self._endpoint_schemes.add(location.scheme)
+                    if len(self._endpoint_schemes) > 1:  # one endpoint cannot name two services
+                        raise SourceError(
+                            "endpoint_url names one service's endpoint, but these sources read "
+                            f"{' and '.join(f'{scheme}://' for scheme in sorted(self._endpoint_schemes))} "
+                            "objects: build from one service's objects at a time, or give no endpoint_url"
+                        )
                 try:
                     store = open_backend(root.store_url, **settings)
                 except ConfigError as error:
