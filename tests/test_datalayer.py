@@ -2,7 +2,7 @@
 
 ``cache_train_dataset`` reads version ``<v>_train`` with the shard remainder dropped, the trial
 seed and the resume offset; ``cache_validation_dataset`` reads ``<v>_val`` from the start in
-the same order every epoch. Orders are checked against DESIGN.md's definition (numpy
+the same order every epoch. Orders are checked against docs/design.md's definition (numpy
 ``RandomState(seed + epoch).permutation`` of a strided shard), not against the library's own
 sampler.
 """

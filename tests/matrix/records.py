@@ -113,7 +113,7 @@ def _as_bytes(value: Any) -> bytes:
 def yogadl_order(
     n: int, rank: int, shards: int, *, shuffle: bool, seed: Optional[int], start_offset: int, epochs: int
 ) -> list[list[int]]:
-    """What YogaDL 0.1.4 reads on ``rank`` of ``shards`` (DESIGN.md "Reading"): its own
+    """What YogaDL 0.1.4 reads on ``rank`` of ``shards`` (docs/design.md "Reading"): its own
     ``shard_keys`` and ``GeneratorFromKeys`` where it is installed, else the rule re-derived (rank
     ``r`` gets ``r, r+S, ...``, epoch ``e`` shuffled by ``RandomState(seed + e).permutation``).
     One list per iteration, the first from ``start_offset``."""
@@ -129,7 +129,7 @@ def yogadl_order(
             out.append(order[position:] if e == first_epoch else order)
         return out
     shard = shard_keys(keys, rank, shards)
-    if not shard:  # YogaDL divides by zero on an empty shard; DESIGN.md: it yields nothing
+    if not shard:  # YogaDL divides by zero on an empty shard; docs/design.md: it yields nothing
         return [[] for _ in range(epochs)]
     generator = GeneratorFromKeys(shard, start_offset, lambda key: key, shuffle, shuffle, seed)
     return [list(generator.instantiate_generator()) for _ in range(epochs)]

@@ -3,13 +3,13 @@
 Verifying never writes into a cache directory: a sealed cache may sit on a read-only mount or
 belong to another user. A stamp is a small file in this user's state directory (see
 ``state_dir``) whose name hashes a part file's identity (inode, size, mtime, ctime) together
-with the SHA-256 the manifest gives for that part. It says "the file with exactly this identity
-was hashed and had exactly this hash". Writing to a file changes its ctime and replacing it
-changes its inode, so a stamp never vouches for other bytes. The identity leaves out the device
-number, which differs between the NFS clients of one file: a state directory on a shared home
-serves every node. Stamps are best effort: where the state directory cannot be written, or is
-not private to this user, verification re-hashes. Stamps are created new (``mkstemp``: mode
-0600, never through a link) and renamed into place.
+with the content hash the manifest gives for that part (BLAKE3; SHA-256 in caches before 0.2).
+It says "the file with exactly this identity was hashed and had exactly this hash". Writing to a
+file changes its ctime and replacing it changes its inode, so a stamp never vouches for other
+bytes. The identity leaves out the device number, which differs between the NFS clients of one
+file: a state directory on a shared home serves every node. Stamps are best effort: where the
+state directory cannot be written, or is not private to this user, verification re-hashes.
+Stamps are created new (``mkstemp``: mode 0600, never through a link) and renamed into place.
 """
 
 from __future__ import annotations

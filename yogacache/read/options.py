@@ -58,7 +58,7 @@ def _default(keyword: str) -> Any:
 
 @dataclass(frozen=True, init=False)
 class ReadOptions:
-    """How one rank reads a cache (see DESIGN.md, "Reading").
+    """How one rank reads a cache (see docs/design.md, "Reading").
 
     ``ReadOptions(**arguments)`` takes the attributes below by name, and any shuffle mode's
     setting keywords (``parts_window=``, ``ranks_per_node=``: ``PartsOptions``) for every mode;

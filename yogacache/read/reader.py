@@ -1,7 +1,7 @@
 """CacheReader: random access to the records of one sealed cache, checked before LMDB touches it.
 
 Opening checks the manifest, the part files' exact sizes and (unless a stamp shows the files
-are unchanged since they were last hashed) their SHA-256, so that a truncated or altered part
+are unchanged since they were last hashed) their content hash, so that a truncated or altered part
 raises CorruptCacheError instead of reaching LMDB, which may crash on a damaged file. Each part's
 LMDB environment is opened through the very descriptor that was checked and holds the part's
 only descriptor: a rebuild or sync that replaces the cache later never reaches the reader, and a

@@ -1,6 +1,6 @@
 """Which record indices a shard reads, in which order, from which position: pure numpy, no I/O.
 
-These are YogaDL 0.1.4's read semantics (see DESIGN.md, "Reading"):
+These are YogaDL 0.1.4's read semantics (see docs/design.md, "Reading"):
 
 1. with ``drop_remainder``, keep the first ``N - N % num_shards`` records;
 2. rank ``r`` takes records ``r, r + S, r + 2S, ...``;
