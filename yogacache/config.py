@@ -132,7 +132,8 @@ class AzureConfig(_CloudConfig):
 
 
 StorageConfig = Union[SharedFSConfig, S3Config, GCSConfig, AzureConfig]
-_TYPES: dict[str, type] = {"shared_fs": SharedFSConfig, "s3": S3Config, "gcs": GCSConfig, "azure": AzureConfig}
+#: Every `data_layer` type by the name its "type" key gives (a new backend's config is one entry).
+CONFIG_TYPES: dict[str, type] = {"shared_fs": SharedFSConfig, "s3": S3Config, "gcs": GCSConfig, "azure": AzureConfig}
 
 
 def parse_config(raw: Union[Mapping[str, Any], StorageConfig, None]) -> Optional[StorageConfig]:
@@ -144,11 +145,11 @@ def parse_config(raw: Union[Mapping[str, Any], StorageConfig, None]) -> Optional
     if not isinstance(raw, Mapping):
         raise ConfigError(f"data_layer config must be a mapping, got {type(raw).__name__}")
     kind = raw.get("type")
-    if kind not in _TYPES:
-        close = difflib.get_close_matches(str(kind), list(_TYPES), n=1)
+    if kind not in CONFIG_TYPES:
+        close = difflib.get_close_matches(str(kind), list(CONFIG_TYPES), n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
-        raise ConfigError(f"data_layer.type must be one of {sorted(_TYPES)}, got {kind!r}{hint}")
-    cls = _TYPES[kind]
+        raise ConfigError(f"data_layer.type must be one of {sorted(CONFIG_TYPES)}, got {kind!r}{hint}")
+    cls = CONFIG_TYPES[kind]
     allowed = {f.name for f in fields(cls)} | {"type"}
     unknown = sorted(set(raw) - allowed, key=str)
     if unknown:
@@ -209,7 +210,7 @@ def _mirrors(raw: Mapping[str, Any]) -> tuple[Any, ...]:
         except ConfigError as error:
             raise ConfigError(f"data_layer.mirrors[{index}]: {error}") from None
         if not isinstance(mirror, _CloudConfig):
-            *others, last = sorted(name for name, cls in _TYPES.items() if issubclass(cls, _CloudConfig))
+            *others, last = sorted(name for name, cls in CONFIG_TYPES.items() if issubclass(cls, _CloudConfig))
             raise ConfigError(f"data_layer.mirrors[{index}] must be an {', '.join(others)} or {last} storage")
         found.append(mirror)
     return tuple(found)
