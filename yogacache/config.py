@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any, Mapping, Optional, Union
 
 from yogacache.errors import ConfigError
-from yogacache.sizes import parse_size
+from yogacache.sizes import format_size, parse_part_bytes, parse_size
 
 
 def _explain_unknown(unknown: list[Any], allowed: set[str]) -> str:
@@ -52,6 +52,8 @@ class SharedFSConfig:
 
     host_storage_path: Optional[str] = None
     container_storage_path: Optional[str] = None
+    # The size past which a build rolls to a new part (None: the store's default, 1 GiB).
+    part_bytes: Optional[int] = None
 
     @property
     def storage_path(self) -> Optional[Path]:
@@ -72,6 +74,8 @@ class _CloudConfig:
     # and the byte budget of node-local data; both off by default.
     streaming: bool = False
     local_cache_limit: Optional[int] = None
+    # The size past which a build rolls to a new part (None: the store's default, 256 MiB).
+    part_bytes: Optional[int] = None
 
     @property
     def local_cache_path(self) -> Optional[Path]:
@@ -158,6 +162,7 @@ def parse_config(raw: Union[Mapping[str, Any], StorageConfig, None]) -> Optional
         return SharedFSConfig(
             host_storage_path=_optional_abs_path(raw, "host_storage_path"),
             container_storage_path=_optional_abs_path(raw, "container_storage_path"),
+            part_bytes=_part_bytes(raw),
         )
     host = _optional_abs_path(raw, "local_cache_host_path")
     container = _optional_abs_path(raw, "local_cache_container_path")
@@ -173,6 +178,7 @@ def parse_config(raw: Union[Mapping[str, Any], StorageConfig, None]) -> Optional
         mirrors=_mirrors(raw),
         **_streaming_options(raw),
     )
+    check_part_budget(common["part_bytes"], common["local_cache_limit"], "data_layer.")
     if cls is S3Config:
         return S3Config(
             **common,
@@ -205,6 +211,11 @@ def _mirrors(raw: Mapping[str, Any]) -> tuple[Any, ...]:
         refused = sorted({"mirrors", "local_cache_host_path", "local_cache_container_path"} & set(item))
         if refused:
             raise ConfigError(f"data_layer.mirrors[{index}] may not set {', '.join(refused)}")
+        if "part_bytes" in item:
+            raise ConfigError(
+                f"data_layer.mirrors[{index}] may not set part_bytes: a mirror holds copies of the storage's "
+                "caches, parts as they were built (set part_bytes on the storage that builds)"
+            )
         try:
             mirror = parse_config(item)
         except ConfigError as error:
@@ -226,7 +237,32 @@ def _streaming_options(raw: Mapping[str, Any]) -> dict[str, Any]:
         limit = parse_size(limit, "data_layer.local_cache_limit")
         if limit == 0:
             raise ConfigError("data_layer.local_cache_limit must be more than 0 bytes (or null: no limit)")
-    return {"streaming": streaming, "local_cache_limit": limit}
+    return {"streaming": streaming, "local_cache_limit": limit, "part_bytes": _part_bytes(raw)}
+
+
+def _part_bytes(raw: Mapping[str, Any]) -> Optional[int]:
+    value = raw.get("part_bytes")
+    return None if value is None else parse_part_bytes(value, "data_layer.part_bytes")
+
+
+#: Parts a streamed read holds at once at the least: the one read and the next one fetched.
+PARTS_IN_FLIGHT = 2
+
+
+def check_part_budget(part_bytes: Optional[int], limit: Optional[int], prefix: str = "") -> None:
+    """ConfigError when a budget of ``limit`` bytes cannot hold the parts in flight of caches
+    built with ``part_bytes`` parts (the check before any manifest is known; a published cache's
+    own parts are checked when it is opened, ``store.streaming.check_budget``)."""
+    if part_bytes is None or limit is None:
+        return
+    need = PARTS_IN_FLIGHT * part_bytes
+    if limit < need:
+        raise ConfigError(
+            f"{prefix}local_cache_limit {format_size(limit)} ({limit} bytes) cannot hold the parts a streamed "
+            f"read needs at once with {prefix}part_bytes {format_size(part_bytes)} ({part_bytes} bytes): the part "
+            f"being read and the next one need at least {format_size(need)} ({need} bytes); set part_bytes to at "
+            f"most {format_size(limit // PARTS_IN_FLIGHT)} or raise local_cache_limit to at least {format_size(need)}"
+        )
 
 
 def load_config_file(path: Path) -> Optional[StorageConfig]:

@@ -46,6 +46,9 @@ class DataLayer:
         resume_state: instead of ``offset``, a state from ``Stream.state_dict`` or the torch
             dataset's ``state_dict`` (in global shuffle mode valid with any number of ranks).
         max_records, max_bytes: limits for one build (unknown-cardinality datasets stop there).
+        part_bytes: the size past which a build rolls to a new part (an int or a size such as
+            ``"64Mi"``, at least 1 MiB); default: the config's ``part_bytes``, else 1 GiB on a
+            shared filesystem and 256 MiB on S3, GCS and Azure.
     """
 
     def __init__(
@@ -61,6 +64,7 @@ class DataLayer:
         max_bytes: Optional[int] = None,
         verify: Verify = "auto",
         show_progress: bool = True,
+        part_bytes: Union[int, str, None] = None,
     ) -> None:
         self.config = parse_config(config)
         self._explicit_rank = rank
@@ -79,6 +83,7 @@ class DataLayer:
             verify=verify,
             limits=BuildLimits(max_records=max_records, max_bytes=max_bytes),
             show_progress=show_progress,
+            part_bytes=part_bytes,
         )
 
     @classmethod

@@ -11,7 +11,11 @@ from typing import Any
 
 from yogacache.errors import ConfigError
 
-__all__ = ["format_size", "parse_size"]
+__all__ = ["MIN_PART_BYTES", "format_size", "parse_part_bytes", "parse_size"]
+
+#: The smallest part size a build takes: every part is a file, an object, a request and a hash
+#: of its own, and below 1 MiB that overhead outweighs the records a part holds.
+MIN_PART_BYTES = 1 << 20
 
 _UNITS = {
     "": 1,
@@ -43,6 +47,19 @@ def parse_size(value: Any, what: str = "size") -> int:
         )
     number, unit = match.groups()
     return int(float(number) * _UNITS[(unit or "").upper()])
+
+
+def parse_part_bytes(value: Any, what: str = "part_bytes") -> int:
+    """``value`` (an int or a size such as ``"64Mi"``) as a part size in bytes: a build rolls to a
+    new part past it. ConfigError, naming ``what``, for anything that is not a size of at least
+    ``MIN_PART_BYTES``."""
+    size = parse_size(value, what)
+    if size < MIN_PART_BYTES:
+        raise ConfigError(
+            f"{what} must be at least 1 MiB ({MIN_PART_BYTES} bytes), got {value!r}: every part is a file, "
+            "an object and a request of its own, and smaller parts cost more in that overhead than they hold"
+        )
+    return size
 
 
 def format_size(size: int) -> str:

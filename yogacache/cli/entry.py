@@ -127,7 +127,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     store: Optional[Store] = None
     try:
         store = open_cli_store(
-            args.storage, args.endpoint_url, args.local_cache, must_exist=args.command not in ("build", "import")
+            args.storage,
+            args.endpoint_url,
+            args.local_cache,
+            must_exist=args.command not in ("build", "import"),
+            part_bytes=getattr(args, "part_bytes", None),
         )
         code = int(args.run(store, args))
         sys.stdout.flush()  # here, where a reader gone away (``| head``) is handled below

@@ -183,6 +183,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="K",
         help="call FUNCTION(shard_index=i, num_shards=K) for i < K, one build shard each (a tf.data builder)",
     )
+    part_bytes_argument(build)
 
     pull = command("pull", cmd_pull, "download (or refresh) the local copy of a remote cache")
     cache_arguments(pull)
@@ -300,4 +301,16 @@ def _add_import_command(command: Callable[..., argparse.ArgumentParser]) -> None
         type=positive_int,
         help="read and cache with this many processes, one archive (or run of files) at a time each "
         "(the cache is the same for any number of workers above 1)",
+    )
+    part_bytes_argument(made)
+
+
+def part_bytes_argument(command: argparse.ArgumentParser) -> None:
+    """``--part-bytes SIZE``: where the build rolls to a new part (a command that builds)."""
+    command.add_argument(
+        "--part-bytes",
+        metavar="SIZE",
+        help="roll to a new part past this size (K M G T, Ki Mi Gi Ti; at least 1Mi); default: the storage "
+        "config's part_bytes, else 1Gi on a directory and 256Mi on S3, GCS, Azure; smaller parts start a "
+        "streamed read sooner",
     )

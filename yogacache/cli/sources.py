@@ -7,10 +7,10 @@ import argparse
 import sys
 from typing import Any
 
-from yogacache.cli.stores import named_storage
+from yogacache.cli.stores import open_cli_store
 from yogacache.format.manifest import Manifest
 from yogacache.progress import format_bytes
-from yogacache.store import Store, open_store
+from yogacache.store import Store
 
 
 def source_pin_lines(manifest: Manifest) -> list[str]:
@@ -36,9 +36,10 @@ def cmd_import(store: Store, args: argparse.Namespace) -> int:
     from yogacache.sources import from_url
     from yogacache.sources.importer import import_source
 
-    target = named_storage(args.storage)
     workers = args.workers or 1
-    quiet_store = open_store(target, endpoint_url=args.endpoint_url, local_cache=args.local_cache)
+    quiet_store = open_cli_store(
+        args.storage, args.endpoint_url, args.local_cache, must_exist=False, part_bytes=args.part_bytes
+    )
     # The import draws its own progress line (objects, bytes, records): the build's stays off,
     # except with workers, which report through it. The upload of a published cache that follows
     # is reported by the store as it goes.

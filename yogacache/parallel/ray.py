@@ -37,9 +37,11 @@ from yogacache.parallel.shards import (
     write_shard,
 )
 from yogacache.progress import Progress
+from yogacache.sizes import parse_part_bytes
 from yogacache.store import RemoteStore, open_store
 from yogacache.store.keys import cache_key, part_object_name
 from yogacache.store.publish import delete_build_parts, publish_manifest
+from yogacache.store.target import parse_target
 from yogacache.store.transfers import upload_files
 
 log = logging.getLogger(__name__)
@@ -197,17 +199,21 @@ def build_with_ray(
     shards: Sequence[BuildShard],
     *,
     max_retries: int = DEFAULT_MAX_RETRIES,
-    part_size_bytes: int = DEFAULT_PART_SIZE,
+    part_bytes: int | str | None = None,
     show_progress: bool = True,
     ray_remote_args: Optional[dict[str, Any]] = None,
     progress: Optional[Progress] = None,
+    part_size_bytes: Optional[int] = None,
 ) -> Manifest:
     """Builds and publishes a cache from ``shards``, one Ray task each (``ray.init`` first, or
     Ray starts a local cluster). ``target`` is what ``open_store`` takes, and must name remote
     storage. A task whose worker dies is re-run up to ``max_retries`` times; an exception in a
     shard fails the job, which then publishes nothing. Progress (records, bytes, rate, ETA of
     every task together) goes to ``progress`` if given, else to stderr unless ``show_progress``
-    is false."""
+    is false. ``part_bytes`` (an int or a size such as ``"64Mi"``, default 1 GiB): where a shard
+    rolls to a new part (default: the ``part_bytes`` of a config ``target``); ``part_size_bytes`` is
+    its older name, in bytes."""
+    part_size = _part_size(part_bytes, part_size_bytes, target)
     ray = _ray()
     if not shards:
         raise ValueError("a Ray build needs at least one build shard")
@@ -232,7 +238,7 @@ def build_with_ray(
             dataset_version,
             publication.build_id,
             offsets[index] if offsets is not None else 0,
-            part_size_bytes,
+            part_size,
             board,
         ): index
         for index, shard in enumerate(shards)
@@ -291,15 +297,39 @@ def _datasink_base() -> Any:
     return Datasink
 
 
+def _part_size(part_bytes: int | str | None, part_size_bytes: Optional[int], target: Any = None) -> int:
+    """The part size of a Ray build: ``part_bytes`` (the public name, a size of at least 1 MiB),
+    or ``part_size_bytes`` (its older name, bytes as given), else the ``part_bytes`` of the config
+    ``target`` names, else ``DEFAULT_PART_SIZE``."""
+    if part_bytes is None:
+        if part_size_bytes is not None:
+            return part_size_bytes
+        config = parse_target(target).config if target is not None else None
+        return DEFAULT_PART_SIZE if config is None or config.part_bytes is None else config.part_bytes
+    size = parse_part_bytes(part_bytes)
+    if part_size_bytes is not None and part_size_bytes != size:
+        raise ValueError(
+            f"part_bytes={part_bytes!r} and part_size_bytes={part_size_bytes} disagree: pass part_bytes only "
+            "(part_size_bytes is its older name)"
+        )
+    return size
+
+
 def CacheDatasink(
-    target: Any, dataset_id: str, dataset_version: str, *, part_size_bytes: int = DEFAULT_PART_SIZE
+    target: Any,
+    dataset_id: str,
+    dataset_version: str,
+    *,
+    part_bytes: int | str | None = None,
+    part_size_bytes: Optional[int] = None,
 ) -> Any:
     """A Ray Data datasink that writes a dataset into a cache: ``ds.write_datasink(CacheDatasink(
     "s3://bucket/caches", "imagenet", "v1"))``. Write task ``i`` (``TaskContext.task_idx``) is
     build shard ``i``; its rows are records in block order. Set
     ``DataContext.get_current().execution_options.preserve_order = True`` for the same record
-    order on every run."""
-    return _make_datasink_class()(target, dataset_id, dataset_version, part_size_bytes)
+    order on every run. ``part_bytes``: as in ``build_with_ray``."""
+    part_size = _part_size(part_bytes, part_size_bytes, target)
+    return _make_datasink_class()(target, dataset_id, dataset_version, part_size)
 
 
 _DATASINK_CLASS: Any = None

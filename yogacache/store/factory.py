@@ -15,6 +15,7 @@ from yogacache.config import SharedFSConfig
 from yogacache.errors import ConfigError
 from yogacache.format.integrity import Verify
 from yogacache.format.writer import BuildLimits
+from yogacache.sizes import parse_part_bytes
 from yogacache.store.base import Store
 from yogacache.store.local import CacheStore, default_cache_root
 from yogacache.store.remote import RemoteCacheStore
@@ -32,6 +33,7 @@ def open_store(
     limits: BuildLimits = BuildLimits(),
     show_progress: bool = True,
     must_exist: bool = False,
+    part_bytes: Union[int, str, None] = None,
 ) -> Store:
     """The store ``target`` describes.
 
@@ -43,10 +45,16 @@ def open_store(
             its own, else the local default).
         endpoint_url: the S3 endpoint of a URL target (default: ``$AWS_ENDPOINT_URL`` or AWS).
         must_exist: a directory or config file named by ``target`` must exist (``parse_target``).
+        part_bytes: the size past which builds roll to a new part (an int or ``"64Mi"``); default:
+            the config's ``part_bytes``, else the store's default.
     """
     options: dict[str, Any] = dict(verify=verify, limits=limits, show_progress=show_progress)
     location = parse_target(target, endpoint_url=endpoint_url, must_exist=must_exist)
     config = location.config
+    if part_bytes is not None:
+        options["part_size_bytes"] = parse_part_bytes(part_bytes)
+    elif config is not None and config.part_bytes is not None:
+        options["part_size_bytes"] = config.part_bytes
     if location.url is None or isinstance(config, SharedFSConfig):
         return CacheStore(location.directory or default_cache_root(), **options)
     if config is None:  # a URL

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from yogacache.backends.base import DEFAULT_TRANSFER_THREADS, ObjectStore
+from yogacache.config import check_part_budget
 from yogacache.errors import CacheNotFoundError, YogaCacheError
 from yogacache.format.integrity import Verify
 from yogacache.format.manifest import MANIFEST_NAME, Manifest
@@ -70,7 +71,7 @@ class RemoteCacheStore:
         *,
         verify: Verify = "auto",
         limits: BuildLimits = BuildLimits(),
-        part_size_bytes: int = REMOTE_PART_SIZE,
+        part_size_bytes: Optional[int] = None,
         lease_seconds: float = 120.0,
         poll_seconds: float = 1.0,
         wait_timeout: Optional[float] = None,
@@ -83,7 +84,10 @@ class RemoteCacheStore:
         """``streaming``: read published caches by streaming their parts (see
         ``store.streaming``); ``local_cache_limit``: the byte budget of this node's local copies
         and streamed parts (a cache larger than it is streamed); ``objects_factory`` makes
-        another client of the same object store in another process (spawned DataLoader workers)."""
+        another client of the same object store in another process (spawned DataLoader workers);
+        ``part_size_bytes``: where builds roll to a new part (default ``REMOTE_PART_SIZE``), checked
+        against ``local_cache_limit`` when both are given."""
+        check_part_budget(part_size_bytes, local_cache_limit)
         self.objects = objects
         self.streaming = streaming
         self.local_cache_limit = local_cache_limit
@@ -94,7 +98,7 @@ class RemoteCacheStore:
             private_root=root.private,
             verify=verify,
             limits=limits,
-            part_size_bytes=part_size_bytes,
+            part_size_bytes=REMOTE_PART_SIZE if part_size_bytes is None else part_size_bytes,
             show_progress=show_progress,
         )
         self.lease_seconds = lease_seconds

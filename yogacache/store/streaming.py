@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
 from yogacache.backends.base import DEFAULT_TRANSFER_THREADS, ObjectStore, TransferCancelled, stop_retries_when
+from yogacache.config import PARTS_IN_FLIGHT
 from yogacache.errors import CacheReplacedError, ConfigError, CorruptCacheError, NoSpaceError
 from yogacache.format.durability import fsync_path
 from yogacache.format.integrity import file_identity, part_file_verified, write_stamp
@@ -57,9 +58,10 @@ MAX_AHEAD = 16
 
 def minimum_budget(manifest: Manifest) -> int:
     """The smallest budget a streamed read of ``manifest`` works in: the part being read and the
-    next one being fetched (the two largest parts)."""
+    next one being fetched (the two largest parts; before a manifest is known, the configured
+    part size is checked the same way: ``config.check_part_budget``)."""
     sizes = sorted((part.size_bytes for part in manifest.parts), reverse=True)
-    return sum(sizes[:2])
+    return sum(sizes[:PARTS_IN_FLIGHT])
 
 
 def check_budget(manifest: Manifest, limit: Optional[int]) -> None:
