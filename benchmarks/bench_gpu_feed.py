@@ -22,9 +22,10 @@ included, outside it too; then ``--batches`` batches are timed, epochs wrapping 
 * ``synthetic`` (GPU mode only): one batch already on the GPU, reused every step.
 
 ``--cpu`` (the always-on measure, for a small machine): loader only, records/s with
-``--workers`` (default 2) workers; ratios per record / batched (target >= 0.8x), batched /
-ceiling (target >= 0.7x), batched / MosaicML and batched / LitData. ``pin_memory`` only where CUDA
-is present.
+``--workers`` (default 2) workers, the median of ``--repeats`` (default 3) runs of each row,
+interleaved (warm-up + timed batches fit in one epoch at the defaults); ratios per record /
+batched (target >= 0.8x), batched / ceiling (target >= 0.7x), batched / MosaicML and batched /
+LitData. ``pin_memory`` only where CUDA is present.
 
 GPU mode (default; needs CUDA): for each of ``--workers-list`` (default 4,8) and ``--models``
 (default resnet18,resnet50), training steps (SGD, bf16 autocast, channels_last) on batches
@@ -398,7 +399,7 @@ def build_all(args: argparse.Namespace, workdir: str, peers: Optional[str], peer
 
 def measure(
     args: argparse.Namespace, feed: str, dirs: dict[str, Any], peers: Optional[str], workers: int,
-    model: str, logs: str,
+    model: str, logs: str, repeat: int = 0,
 ) -> dict[str, Any]:
     source = dirs.get("yogacache" if feed in ("batched", "records") else feed, "")
     if isinstance(source, Exception):
@@ -412,7 +413,7 @@ def measure(
         "--records", str(args.records), "--batch", str(args.batch), "--workers", str(workers),
         "--warmup", str(args.warmup), "--batches", str(args.batches),
     ] + (["--model", model] if model else []) + ([] if args.cpu else ["--gpu"])
-    tag = f"{feed}-{workers}w-{model or 'loader'}"
+    tag = f"{feed}-{workers}w-{model or 'loader'}-{repeat}"
     log(f"measuring {tag}")
     try:
         return run_json(command, os.path.join(logs, tag + ".log"), args.timeout, env)
@@ -430,19 +431,37 @@ def fmt_ratio(value: Optional[float], target: Optional[float] = None) -> str:
     if value is None:
         return "—"
     if target is None:
-        return f"{value:.2f}x"
-    return f"{value:.2f}x ({'met' if value >= target else 'missed'}: ≥ {target}x)"
+        return f"{value:.3f}x"
+    return f"{value:.3f}x ({'met' if value >= target else 'missed'}: ≥ {target}x)"
 
 
 def fmt_rate(result: dict[str, Any]) -> str:
     return f"{result['rate']:,.0f}" if "rate" in result else f"error: {result['error'][:200]}"
 
 
+def median_of(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The run with the median rate (its spread in ``range``), or the first error."""
+    rated = sorted((run for run in runs if "rate" in run), key=lambda run: float(run["rate"]))
+    if len(rated) < len(runs):
+        return next(run for run in runs if "rate" not in run)
+    middle = dict(rated[len(rated) // 2])
+    middle["range"] = (rated[0]["rate"], rated[-1]["rate"])
+    middle["runs"] = runs
+    return middle
+
+
+def fmt_range(result: dict[str, Any]) -> str:
+    if "range" not in result or len(result["runs"]) < 2:
+        return ""
+    low, high = result["range"]
+    return f"{low:,.0f}–{high:,.0f}"
+
+
 def cpu_table(rows: dict[str, dict[str, Any]], workers: int) -> str:
     batched, records, ceiling = rows["batched"], rows["records"], rows["ceiling"]
     lines = [
-        f"| feed ({workers} workers, loader only) | records/s | ratio | target |",
-        "|---|---:|---:|---|",
+        f"| feed ({workers} workers, loader only) | records/s (median) | runs: min–max | ratio | target |",
+        "|---|---:|---:|---:|---|",
     ]
     ratios = {
         "batched": ("batched / ceiling", ratio(batched, ceiling), 0.7),
@@ -455,7 +474,7 @@ def cpu_table(rows: dict[str, dict[str, Any]], workers: int) -> str:
         name, value, target = ratios[feed]
         shown = f"{name}: {fmt_ratio(value)}" if name else ""
         verdict = "" if target is None or value is None else f"≥ {target}x: {'met' if value >= target else 'missed'}"
-        lines.append(f"| {LABELS[feed]} | {fmt_rate(rows[feed])} | {shown} | {verdict} |")
+        lines.append(f"| {LABELS[feed]} | {fmt_rate(rows[feed])} | {fmt_range(rows[feed])} | {shown} | {verdict} |")
     return "\n".join(lines)
 
 
@@ -501,6 +520,7 @@ def main() -> None:
     parser.add_argument("--models", default="resnet18,resnet50", help="GPU mode models (torchvision names)")
     parser.add_argument("--warmup", type=int, help="batches before the clock (default 8 with --cpu, 20 on GPU)")
     parser.add_argument("--batches", type=int, help="timed batches (default 48 with --cpu, 150 on GPU)")
+    parser.add_argument("--repeats", type=int, default=3, help="--cpu: interleaved runs per row, median shown")
     parser.add_argument("--workdir", help="where data is built (default: a new temp dir, removed unless --keep)")
     parser.add_argument("--keep", action="store_true")
     parser.add_argument("--no-peers", action="store_true", help="measure yogacache and the ceiling only")
@@ -529,7 +549,11 @@ def main() -> None:
     try:
         dirs = build_all(args, workdir, peers, peers_why)
         if args.cpu:
-            rows = {feed: measure(args, feed, dirs, peers, args.workers, "", logs) for feed in FEEDS_CPU}
+            runs: dict[str, list[dict[str, Any]]] = {feed: [] for feed in FEEDS_CPU}
+            for repeat in range(args.repeats):  # interleaved: a busy moment hits every row alike
+                for feed in FEEDS_CPU:
+                    runs[feed].append(measure(args, feed, dirs, peers, args.workers, "", logs, repeat))
+            rows = {feed: median_of(feed_runs) for feed, feed_runs in runs.items()}
             results["loader"] = rows
             table = cpu_table(rows, args.workers)
         else:
@@ -555,7 +579,8 @@ def main() -> None:
     print(f"Command: {command_line}")
     print(f"Machine: {results['machine']}")
     print(f"Records: {args.records:,} x uint8{list(SHAPE)} + int64, local disk; batch {args.batch}, shuffled; "
-          f"{args.warmup} warm-up + {args.batches} timed batches per row, one process per row")
+          f"{args.warmup} warm-up + {args.batches} timed batches per run, one process per run"
+          + (f", {args.repeats} interleaved runs per row" if args.cpu else ""))
     print(f"Peers: {results['peers']}\n")
     print(table)
     if args.out:
