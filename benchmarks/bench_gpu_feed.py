@@ -66,6 +66,7 @@ if HERE not in sys.path:
     sys.path.insert(0, HERE)
 
 import _data  # noqa: E402
+from bench_torch import run_json  # noqa: E402  (one way to run a worker and read its JSON)
 
 SHAPE = (184, 184, 3)
 CROP = 160
@@ -317,23 +318,6 @@ def worker_main(argv: list[str]) -> None:
 
 # ---------------------------------------------------------------------------------------------
 # orchestration
-
-
-def run_json(command: list[str], log_path: str, timeout: float, env: Optional[dict[str, str]] = None) -> dict[str, Any]:
-    """Runs a worker; its last stdout line is JSON. Raises RuntimeError with the log's tail."""
-    with open(log_path, "w") as log_file:
-        try:
-            done = subprocess.run(
-                command, stdout=subprocess.PIPE, stderr=log_file, text=True, timeout=timeout, env=env, cwd=REPO
-            )
-        except subprocess.TimeoutExpired:
-            raise RuntimeError(f"timed out after {timeout:.0f} s (log: {log_path})") from None
-    lines = [line for line in done.stdout.splitlines() if line.strip()]
-    if done.returncode != 0 or not lines:
-        with open(log_path) as f:
-            tail = f.read()[-400:].strip().replace("\n", " | ")
-        raise RuntimeError(f"exit {done.returncode}: {tail}")
-    return json.loads(lines[-1])  # type: ignore[no-any-return]
 
 
 def find_peers(args: argparse.Namespace) -> tuple[Optional[str], str]:
