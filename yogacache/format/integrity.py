@@ -191,7 +191,7 @@ def part_matches(path: Path, part: PartInfo) -> bool:
 
 def hash_file(path: Path, algorithm: str = BUILD_HASH, chunk_size: int = 8 << 20) -> str:
     """The hex digest of a file's bytes with ``algorithm`` (one of ``PART_HASHES``)."""
-    digest = _new_digest(algorithm)
+    digest = new_digest(algorithm)
     _feed(path, [digest.update], chunk_size)
     return str(digest.hexdigest())
 
@@ -200,7 +200,7 @@ def seal_hashes(path: Path) -> tuple[str, Optional[str]]:
     """A new part's manifest hashes, from one read of the file: its BLAKE3 (``BUILD_HASH``)
     and, where google-crc32c is installed, the CRC32C that S3 and GCS compute themselves (so
     that a copy in a bucket is checked without reading it back), else None."""
-    digest = _new_digest("blake3")
+    digest = new_digest("blake3")
     if not checksum.available():
         _feed(path, [digest.update])
         return str(digest.hexdigest()), None
@@ -214,7 +214,8 @@ def seal_hashes(path: Path) -> tuple[str, Optional[str]]:
     return str(digest.hexdigest()), crc.value
 
 
-def _new_digest(algorithm: str) -> Any:
+def new_digest(algorithm: str) -> Any:
+    """A hash object of the part hash ``algorithm`` (``format.manifest.PART_HASHES``)."""
     if algorithm == "blake3":
         return blake3.blake3()  # one thread: fork-safe (no thread pool to inherit)
     if algorithm == "sha256":

@@ -17,7 +17,6 @@ and leaves them; they are daemon threads, so that they never hold the process at
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import queue
@@ -38,7 +37,7 @@ from yogacache.backends.base import (
 from yogacache.errors import CorruptCacheError
 from yogacache.format.checksum import Crc32c
 from yogacache.format.durability import fsync_path
-from yogacache.format.integrity import part_matches
+from yogacache.format.integrity import new_digest, part_matches
 from yogacache.format.manifest import PartInfo
 
 log = logging.getLogger(__name__)
@@ -225,7 +224,7 @@ class HashedChunks:
 
     def __init__(self, chunks: Iterable[bytes], algorithm: str) -> None:
         self._chunks = chunks
-        self._content = _new_digest(algorithm)
+        self._content = new_digest(algorithm)
         self._crc32c = Crc32c()
         self.size = 0
 
@@ -243,17 +242,6 @@ class HashedChunks:
     @property
     def crc32c(self) -> str:
         return self._crc32c.value
-
-
-def _new_digest(algorithm: str) -> Any:
-    """A hash object of the part hash ``algorithm`` (see ``format.manifest.PART_HASHES``)."""
-    if algorithm == "blake3":
-        import blake3
-
-        return blake3.blake3()
-    if algorithm == "sha256":
-        return hashlib.sha256()
-    raise CorruptCacheError(f"unknown part hash {algorithm!r}")
 
 
 def _prefetched(chunks: Iterable[bytes], depth: int = _PREFETCH_CHUNKS) -> Iterator[bytes]:
