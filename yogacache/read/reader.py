@@ -92,12 +92,13 @@ class _PartEnvironment:
 
     Also the part file mapped read-only (``data``) and, once built, where each record lies in it
     (``format.pages``): reads of small fixed-layout records gather their rows from the map with
-    numpy instead of one LMDB ``get`` each. The table is built in a background thread on first
-    request (a few ms per 100,000 records, which the first read should not wait for); until it
-    is there, or if the part is not laid out as expected, reads go through LMDB.
+    numpy instead of one LMDB ``get`` each. The table is built in a background thread from the
+    second request on (tens of ms per 100,000 records, which the first read should neither wait
+    for nor share the cores and the interpreter lock with: that read is a first element); until
+    it is there, or if the part is not laid out as expected, reads go through LMDB.
     """
 
-    __slots__ = ("env", "pid", "data", "_offsets", "_building", "_lock", "__weakref__")
+    __slots__ = ("env", "pid", "data", "_offsets", "_building", "_asked", "_lock", "__weakref__")
 
     def __init__(self, env: Any, pid: int, data: Optional[np.ndarray] = None) -> None:
         self.env = env
@@ -105,17 +106,22 @@ class _PartEnvironment:
         self.data = data
         self._offsets: Optional[RecordOffsets] = None
         self._building: Optional[threading.Thread] = None
+        self._asked = False
         self._lock = threading.Lock()
 
     def offsets(self, record_size: int, entries: int, *, wait: bool = False) -> Optional[RecordOffsets]:
         """The part's record offsets if built (``wait``: build them now if need be); None
-        until then, and for good if the part cannot be read that way."""
+        until then, and for good if the part cannot be read that way. The first request
+        (unless ``wait``) only notes that the part is read."""
         found = self._offsets
         if found is not None and found.record_size == record_size:
             return found
         if self.data is None:
             return None
         with self._lock:
+            if not (self._asked or wait):
+                self._asked = True
+                return None
             thread = self._building
             if thread is None:
                 thread = threading.Thread(
