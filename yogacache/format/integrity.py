@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import mmap
 import os
 import stat
 import tempfile
@@ -201,17 +202,51 @@ def seal_hashes(path: Path) -> tuple[str, Optional[str]]:
     and, where google-crc32c is installed, the CRC32C that S3 and GCS compute themselves (so
     that a copy in a bucket is checked without reading it back), else None."""
     digest = new_digest("blake3")
-    if not checksum.available():
-        _feed(path, [digest.update])
-        return str(digest.hexdigest()), None
-    # Both hash at several GB/s with the interpreter lock released: on two threads, each reading
-    # the (page-cached) file, they take about as long as the slower of the two, not the sum.
-    crc = Crc32c()
-    with ThreadPoolExecutor(1, thread_name_prefix="yogacache-crc32c") as pool:
-        crc_pass = pool.submit(_feed, path, [crc.update])
-        _feed(path, [digest.update])
-        crc_pass.result()
-    return str(digest.hexdigest()), crc.value
+    crc = Crc32c() if checksum.available() else None
+    with open(path, "rb", buffering=0) as handle:
+        mapped = _map_file(handle)
+        if mapped is None:
+            _feed_handle(handle, [digest.update] if crc is None else [digest.update, crc.update])
+            return str(digest.hexdigest()), None if crc is None else crc.value
+        view = memoryview(mapped)
+        try:
+            if crc is None:
+                digest.update(view)
+            else:
+                # Both hash at several GB/s with the interpreter lock released: the CRC32C on a
+                # second thread takes about as long as half the BLAKE3 (measured in issue 24: a
+                # page-cached 1 GB part hashed in 0.45 s instead of 0.6-0.8 s read twice, and
+                # 0.2 s less CPU), both reading the page cache in place.
+                with ThreadPoolExecutor(1, thread_name_prefix="yogacache-crc32c") as pool:
+                    crc_pass = pool.submit(_feed_view, view, [crc.update])
+                    digest.update(view)
+                    crc_pass.result()
+        finally:
+            view.release()
+            mapped.close()
+    return str(digest.hexdigest()), None if crc is None else crc.value
+
+
+def _map_file(handle: Any) -> Optional[mmap.mmap]:
+    """The open file mapped read-only, its pages mapped in at once where Linux can
+    (``MAP_POPULATE``: one call instead of a fault per page); None for an empty file or where
+    it cannot be mapped (the caller reads it instead)."""
+    try:
+        size = os.fstat(handle.fileno()).st_size
+        if size == 0:
+            return None
+        flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
+        return mmap.mmap(handle.fileno(), size, flags=flags, prot=mmap.PROT_READ)
+    except (OSError, ValueError, AttributeError):  # no mmap here (Windows keywords, a pipe)
+        return None
+
+
+def _feed_view(view: memoryview, sinks: list[Callable[[memoryview], Any]], chunk_size: int = 8 << 20) -> None:
+    """Passes the bytes of ``view``, in order and in chunks, to every sink."""
+    for start in range(0, len(view), chunk_size):
+        chunk = view[start : start + chunk_size]
+        for sink in sinks:
+            sink(chunk)
 
 
 def new_digest(algorithm: str) -> Any:
@@ -226,14 +261,19 @@ def new_digest(algorithm: str) -> Any:
 def _feed(path: Path, sinks: list[Callable[[memoryview], Any]], chunk_size: int = 8 << 20) -> None:
     """Passes the file's bytes, in order, to every sink (one read of the file for all)."""
     with open(path, "rb", buffering=0) as handle:
-        buffer = bytearray(chunk_size)
-        view = memoryview(buffer)
-        while True:
-            read = handle.readinto(buffer)
-            if not read:
-                break
-            for sink in sinks:
-                sink(view[:read])
+        _feed_handle(handle, sinks, chunk_size)
+
+
+def _feed_handle(handle: Any, sinks: list[Callable[[memoryview], Any]], chunk_size: int = 8 << 20) -> None:
+    """Passes the bytes left in an open file, in order, to every sink."""
+    buffer = bytearray(chunk_size)
+    view = memoryview(buffer)
+    while True:
+        read = handle.readinto(buffer)
+        if not read:
+            break
+        for sink in sinks:
+            sink(view[:read])
 
 
 def part_file_verified(path: Path, part: PartInfo) -> bool:
