@@ -18,6 +18,7 @@ if HERE not in sys.path:
     sys.path.insert(0, HERE)
 
 import _jpeg  # noqa: E402
+from _clock import cpu_seconds  # noqa: E402
 
 
 def litdata_item(item: tuple[str, int]) -> dict[str, Any]:
@@ -38,7 +39,7 @@ def main() -> None:
         from litdata import optimize
     else:
         from streaming import MDSWriter
-    start = time.perf_counter()
+    cpu, start = cpu_seconds(), time.perf_counter()
     if args.kind == "litdata":
         optimize(
             fn=litdata_item,
@@ -54,7 +55,8 @@ def main() -> None:
             for i in range(records):
                 image, label = source[i]
                 writer.write({"image": image, "label": int(label)})
-    print(json.dumps({"seconds": time.perf_counter() - start, "records": records}))
+    seconds = time.perf_counter() - start
+    print(json.dumps({"seconds": seconds, "cpu": cpu_seconds() - cpu, "records": records}))
 
 
 if __name__ == "__main__":
