@@ -146,7 +146,10 @@ def test_many_parts_mix_window_parts_at_a_time_from_one_part_first() -> None:
     s = schedule(layout, 0, (1, 1), seed=11, window=4)
     got = read_from(s, (0, 0))
     parts = parts_of(layout, got)
-    assert len(set(parts[:40])) == 1  # the first records need one part only
+    # The lead: the first stage is half of the first part, so a streamed reader's first batches
+    # need that part alone (with equal slices, a quarter of it); the second stage (the rest of
+    # the first part cut in three, and a quarter of the second part) mixes two.
+    assert len(set(parts[:100])) == 1 and len(set(parts[100:183])) == 2
     assert most_read_at_once(layout, got) == 4
     # Past the first stages a batch mixes the four parts of its stage (five across two stages).
     assert {len(set(parts[b : b + 64])) for b in range(1000, 7000, 64)} == {4, 5}
@@ -314,6 +317,7 @@ def test_resume_state_is_small_and_checked() -> None:
         "ranks_per_node": 2,
         "window": 2,
         "dealt": 0,
+        "parts_order": 2,
     }
     assert ResumeState.from_dict(json.loads(json.dumps(state))).to_dict() == state
     resized = schedule(layout, 0, (3, 1), seed=3, drop=True, state=state)
@@ -343,6 +347,28 @@ def test_resume_state_is_small_and_checked() -> None:
     assert glob.state(glob.start, 7) == {
         "version": 1, "mode": "global", "epoch": 0, "consumed": 28, "seed": 3, "num_records": 100
     }
+
+
+def test_a_state_from_before_the_lead_resumes_in_its_own_order() -> None:
+    """A state without ``parts_order`` (written before the lead) resumes the rest of its epoch in
+    the order it was taken in; the epochs after are this release's."""
+    layout = PartLayout.from_counts([60] * 8)
+    s = schedule(layout, 0, (2, 1), seed=5, window=4)
+    old_state = {key: value for key, value in s.state(s.start, 0).items() if key != "parts_order"}
+    # The whole of epoch 0 as the release before read it (a state at its start, order 1).
+    before = schedule(layout, 0, (2, 1), seed=5, window=4, state=old_state)
+    epoch_zero = read_from(before, before.start)
+    assert epoch_zero != read_from(s, (0, 0))  # the lead changed the order
+    assert sorted(epoch_zero) == sorted(read_from(s, (0, 0)))  # of the same records
+    resumed = schedule(layout, 0, (2, 1), seed=5, window=4, state={**old_state, "consumed": 70})
+    assert resumed.start == (0, 70)
+    assert read_from(resumed, resumed.start) == epoch_zero[70:]
+    assert resumed.state(resumed.start, 10)["parts_order"] == 1
+    assert read_from(resumed, (1, 0)) == read_from(s, (1, 0))
+    assert resumed.state((1, 0), 0)["parts_order"] == 2
+    with pytest.raises(ValueError, match="parts order 3"):
+        schedule(layout, 0, (2, 1), seed=5, window=4, state={**old_state, "parts_order": 3})
+
 
 
 @pytest.mark.parametrize(

@@ -18,7 +18,13 @@ One epoch, with seed ``s`` and key epoch ``κ`` (the epoch, or 0 without reshuff
    ``i`` in ``[t - w + 1, t]``, shuffled together by its own keyed permutation; the run reads
    stage after stage. So every stage mixes up to ``w`` parts, each part is read during ``w``
    consecutive stages, one new part starts per stage and one ends: a reader needs ``w`` parts
-   at a time and one more to read ahead, and its first records need one part only.
+   at a time and one more to read ahead.
+4. **Lead.** A run's first segment is cut unevenly: its slice 0 is half of it (the other half
+   cut in ``w - 1`` slices), so the first stage, read while only the run's first part is on the
+   node, holds half a part: a streamed reader's first batches need that one part, fetched alone
+   (with equal slices the first batch of large records spanned three parts). Resume states say
+   which order they were taken in (``parts_order``: 2 with the lead; a state without it, from a
+   release before it, resumes in the order without it).
 
 Nothing is stored per record: a plan maps positions to records on demand (two permutation
 evaluations per record), and an epoch's set-up is O(parts) numpy work (the part permutation and
@@ -76,6 +82,10 @@ RESIDUAL = 1 << 62
 _CACHED_PERMUTATIONS = 128
 # Stages up to this size keep their permutation as a table (32 KiB): one evaluation each.
 _TABLE_SIZE = 1 << 12
+#: The order a parts plan makes: 2 since a run's first segment leads with half its records
+#: (``parts_order`` in resume states; 1, the order before, for states that do not name one).
+PARTS_ORDER = 2
+_ORDERS = (1, 2)
 
 
 # -- one epoch: the part order and the runs cut from it ----------------------------------------
@@ -120,20 +130,30 @@ class _Affine:
         return (positions * self.a + self.b) % self.size
 
 
-def _slice_bounds(lengths: np.ndarray, slices: np.ndarray | int, window: int) -> tuple[np.ndarray, np.ndarray]:
-    """(start, length) of slice ``slices`` of segments of ``lengths`` records cut in ``window``."""
-    start = (slices * lengths) // window
-    return start, ((slices + 1) * lengths) // window - start
+def _slice_cuts(lengths: np.ndarray, window: int, lead: bool) -> np.ndarray:
+    """Where each segment (of ``lengths`` records) is cut into its ``window`` slices: row ``i``
+    holds slice starts ``0 … window`` of segment ``i`` (the last one its length). Equal slices;
+    with ``lead``, segment 0's slice 0 is half of it and the rest is cut equally."""
+    pieces = np.arange(window + 1, dtype=np.int64)
+    cuts = (pieces[None, :] * lengths[:, None]) // window
+    if lead and window > 1 and len(lengths):
+        first = int(lengths[0])
+        half = first // 2
+        cuts[0, 1:] = half + ((pieces[1:] - 1) * (first - half)) // (window - 1)
+    return cuts
 
 
 class _EpochParts:
     """One epoch's part order and record line ``Q``; runs of ``Q`` built on demand."""
 
-    def __init__(self, layout: PartLayout, window: int, seed: Optional[int], key_epoch: int) -> None:
+    def __init__(
+        self, layout: PartLayout, window: int, seed: Optional[int], key_epoch: int, order: int = PARTS_ORDER
+    ) -> None:
         self.layout = layout
         self.window = window
         self.seed = seed
         self.key_epoch = key_epoch
+        self.lead = order >= 2
         count = layout.num_parts
         if seed is None or count < 2:
             self.order = np.arange(count, dtype=np.int64)
@@ -175,10 +195,11 @@ class _Run:
         self.offsets = (q_begin - part_begin)[keep]  # where each segment starts in its part
         self.first_records = epoch.layout.starts[self.parts] + self.offsets
         segments = len(self.lengths)
+        self.cuts = _slice_cuts(self.lengths, window, epoch.lead)
         # Stage t holds slice t - i of segment i, for i in [t - window + 1, t].
         sizes = np.zeros(segments + window - 1 if segments else 0, dtype=np.int64)
         for piece in range(window if segments else 0):
-            sizes[piece : piece + segments] += _slice_bounds(self.lengths, piece, window)[1]
+            sizes[piece : piece + segments] += self.cuts[:, piece + 1] - self.cuts[:, piece]
         self.stage_starts = np.zeros(len(sizes) + 1, dtype=np.int64)
         np.cumsum(sizes, out=self.stage_starts[1:])
         self._permutations: dict[tuple[str, int], KeyedPermutation | _Table | _Affine] = {}
@@ -222,7 +243,8 @@ class _Run:
             start, stop = self.stage_starts[stage], self.stage_starts[stage + 1]
             within = self._permutation("stage", stage, int(stop - start)).map(positions[chosen] - start)
             members = np.arange(max(0, stage - window + 1), min(stage, segments - 1) + 1)
-            slice_start, slice_length = _slice_bounds(self.lengths[members], stage - members, window)
+            slice_start = self.cuts[members, stage - members]
+            slice_length = self.cuts[members, stage - members + 1] - slice_start
             bounds = np.zeros(len(members) + 1, dtype=np.int64)
             np.cumsum(slice_length, out=bounds[1:])
             which = np.searchsorted(bounds, within, side="right") - 1
@@ -403,7 +425,9 @@ class PartsMode(ShuffleMode):
     """Each epoch the parts permuted, cut into one run per node, mixed ``parts_window`` at a time."""
 
     name: ClassVar[str] = "parts"
-    state_keys: ClassVar[tuple[str, ...]] = ("num_shards", "ranks_per_node", "window", "dealt")
+    state_keys: ClassVar[tuple[str, ...]] = ("num_shards", "ranks_per_node", "window", "dealt", "parts_order")
+    # Keys a state from an earlier release may lack (``parts_order``: 1 then).
+    _optional_keys: ClassVar[tuple[str, ...]] = ("parts_order",)
     options_type: ClassVar[Optional[type[Any]]] = PartsOptions
 
     def __init__(self, num_records: int, options: OrderOptions, layout: Optional[PartLayout] = None) -> None:
@@ -421,7 +445,10 @@ class PartsMode(ShuffleMode):
         self.window = settings.parts_window
         self.split = _Split(num_records, options.num_shards, settings.per_node)
         self._residual: Optional[_Residual] = None
-        self._epochs: dict[int, _EpochParts] = {}  # the latest two epochs' part orders
+        # The epoch resumed from a state taken in the order before the lead (``parts_order``
+        # 1): the rest of it is read in that order, the epochs after in this one.
+        self._order_one_epoch: Optional[int] = None
+        self._epochs: dict[tuple[int, int], _EpochParts] = {}  # the latest two epochs' part orders
         self._lock = threading.Lock()  # plans of neighbouring epochs may be made in threads
 
     @classmethod
@@ -472,16 +499,20 @@ class PartsMode(ShuffleMode):
             )
 
     # -- the epoch's order ------------------------------------------------------------------
+    def _order(self, epoch: int) -> int:
+        """The order epoch ``epoch`` is read in (``PARTS_ORDER``, or 1 for a resumed one)."""
+        return 1 if epoch == self._order_one_epoch else PARTS_ORDER
+
     def _epoch(self, epoch: int) -> _EpochParts:
         options = self.options
-        key_epoch = epoch if options.reshuffle_each_epoch else 0
+        key = (epoch if options.reshuffle_each_epoch else 0, self._order(epoch))
         with self._lock:
-            parts = self._epochs.get(key_epoch)
+            parts = self._epochs.get(key)
             if parts is None:
                 seed = options.shuffle_seed if options.shuffle else None
                 while len(self._epochs) >= 2:
                     del self._epochs[min(self._epochs)]
-                parts = self._epochs[key_epoch] = _EpochParts(self.parts, self.window, seed, key_epoch)
+                parts = self._epochs[key] = _EpochParts(self.parts, self.window, seed, key[0], key[1])
         return parts
 
     def _dealt_end(self, residual: _Residual, dealt: int) -> int:
@@ -554,13 +585,20 @@ class PartsMode(ShuffleMode):
             "ranks_per_node": split.per_node,
             "window": self.window,
             "dealt": dealt,
+            "parts_order": self._order(epoch),
         }
 
     def resume_point(self, state: ResumeState) -> Point:
         fields = {key: state.get(key) for key in self.state_keys}
-        missing = sorted(key for key, value in fields.items() if value is None)
+        missing = sorted(key for key, value in fields.items() if value is None and key not in self._optional_keys)
         if missing:
             raise ValueError(f"a parts-mode resume state names {', '.join(self.state_keys)}; this one lacks {missing}")
+        order = 1 if fields["parts_order"] is None else int(fields["parts_order"])
+        if order not in _ORDERS:
+            raise ValueError(
+                f"the resume state was taken in parts order {order}, and this release reads orders "
+                f"{', '.join(map(str, _ORDERS))}: resume it with the release that wrote it"
+            )
         window, dealt = fields["window"], int(fields["dealt"] or 0)
         if window != self.window:
             raise ValueError(
@@ -578,6 +616,9 @@ class PartsMode(ShuffleMode):
                 f"epoch of {self.num_records} records gives a rank"
             )
         self._residual = None
+        with self._lock:
+            self._order_one_epoch = state.epoch if order == 1 else None
+            self._epochs.clear()
         if split == self.split and dealt == 0 or consumed == dealt == 0:
             if consumed >= self.split.most(self.options.drop_shard_remainder):
                 return state.epoch + 1, 0
