@@ -74,7 +74,7 @@ class _CloudConfig:
     # and the byte budget of node-local data; both off by default.
     streaming: bool = False
     local_cache_limit: Optional[int] = None
-    # The size past which a build rolls to a new part (None: the store's default, 256 MiB).
+    # The size past which a build rolls to a new part (None: the store's default, 64 MiB on object stores).
     part_bytes: Optional[int] = None
 
     @property

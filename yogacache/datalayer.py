@@ -48,7 +48,7 @@ class DataLayer:
         max_records, max_bytes: limits for one build (unknown-cardinality datasets stop there).
         part_bytes: the size past which a build rolls to a new part (an int or a size such as
             ``"64Mi"``, at least 1 MiB); default: the config's ``part_bytes``, else 1 GiB on a
-            shared filesystem and 256 MiB on S3, GCS and Azure.
+            shared filesystem and 64 MiB on S3, GCS and Azure.
     """
 
     def __init__(
