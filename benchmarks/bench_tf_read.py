@@ -120,20 +120,22 @@ def throughput(root: str, passes: int) -> dict[str, Any]:
     for row in ROWS:
         for protocol in PROTOCOLS:
             fresh = protocol == NEW_PIPELINE
-            runs[f"{row}|{protocol}"] = (lambda row=row: _records(pipeline(row))) if fresh else (
-                lambda row=row: _records(made[row])
+            runs[f"{row}|{protocol}"] = (
+                (lambda row=row: _records(pipeline(row))) if fresh else (lambda row=row: _records(made[row]))
             )
     rates: dict[str, list[float]] = {key: [] for key in runs}
+    cpu: dict[str, list[float]] = {key: [] for key in runs}
     for rep in range(passes + 1):  # the first round warms up (page cache, first-use costs)
         for key, run in runs.items():
-            start = time.perf_counter()
+            start, start_cpu = time.perf_counter(), time.process_time()
             count = run()
-            elapsed = time.perf_counter() - start
+            elapsed, used = time.perf_counter() - start, time.process_time() - start_cpu
             if count != RECORDS // 2:
                 raise RuntimeError(f"{key} read {count} records, expected {RECORDS // 2}")
             if rep:
                 rates[key].append(count / elapsed)
-    return {"rates": rates}
+                cpu[key].append(used / count * 1e6)
+    return {"rates": rates, "cpu": cpu}
 
 
 def first_element(root: str, kind: str) -> dict[str, Any]:
@@ -184,6 +186,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dir", default=os.path.join(tempfile.gettempdir(), "yogacache-bench-tf-read"))
     parser.add_argument("--passes", type=int, default=3)
+    parser.add_argument("--only", choices=("rate", "first"), help="measure one part only")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -202,26 +205,40 @@ def main() -> None:
     load_before = os.getloadavg()
     _child("setup", args.dir, args.passes, log_path)
     firsts: dict[str, list[dict[str, Any]]] = {"yoga": [], "elements": [], "floor": []}
-    for _ in range(args.passes):  # fresh processes, interleaved
+    for _ in range(args.passes if args.only != "rate" else 0):  # fresh processes, interleaved
         for kind in firsts:
             firsts[kind].append(_child(kind, args.dir, args.passes, log_path))
-    rates = _child("throughput", args.dir, args.passes, log_path)["rates"]
+    measured = _child("throughput", args.dir, args.passes, log_path) if args.only != "first" else {}
     load_after = os.getloadavg()
-
-    def median_rate(row: str, protocol: str) -> float:
-        return statistics.median(rates[f"{row}|{protocol}"])
-
-    def spread(values: list[float]) -> str:
-        return f"{min(values):,.0f}-{max(values):,.0f}"
 
     print(f"# TensorFlow reads, small records ({RECORDS:,} x uint8[32,32,3] + int64), shard 0 of 2, shuffled")
     print(
         f"# {started:%Y-%m-%d %H:%M} UTC, load average {load_before[0]:.2f} before, {load_after[0]:.2f} after; "
         f"median of {args.passes} interleaved passes"
     )
+    if measured:
+        _print_rates(measured["rates"], measured["cpu"])
+    if firsts["floor"]:
+        _print_firsts(firsts)
+
+
+def _print_rates(rates: dict[str, list[float]], cpu: dict[str, list[float]]) -> None:
+    def median_rate(row: str, protocol: str) -> float:
+        return statistics.median(rates[f"{row}|{protocol}"])
+
+    def spread(values: list[float]) -> str:
+        return f"{min(values):,.0f}-{max(values):,.0f}"
+
     print()
-    print("| read rate | yogacache records/s | tf.data cache(filename) records/s | ratio | target |")
-    print("|---|---:|---:|---:|---|")
+
+    def cpu_us(row: str, protocol: str) -> str:
+        return f"{statistics.median(cpu[f'{row}|{protocol}']):.2f}"
+
+    print(
+        "| read rate (records/s: median, range) | yogacache | tf.data cache(filename) | ratio | target "
+        "| CPU µs/record, yogacache / tf.data |"
+    )
+    print("|---|---:|---:|---:|---|---:|")
     for protocol in PROTOCOLS:
         base = median_rate(ROWS[2], protocol)
         for row in ROWS[:2]:
@@ -230,8 +247,12 @@ def main() -> None:
             verdict = "met" if ratio >= 1.0 else "missed"
             print(
                 f"| {row}, {protocol} | {ours:,.0f} ({spread(rates[f'{row}|{protocol}'])}) "
-                f"| {base:,.0f} ({spread(rates[f'{ROWS[2]}|{protocol}'])}) | {ratio:.2f}x | >= 1.0x {verdict} |"
+                f"| {base:,.0f} ({spread(rates[f'{ROWS[2]}|{protocol}'])}) | {ratio:.2f}x | >= 1.0x {verdict} "
+                f"| {cpu_us(row, protocol)} / {cpu_us(ROWS[2], protocol)} |"
             )
+
+
+def _print_firsts(firsts: dict[str, list[dict[str, Any]]]) -> None:
     print()
     floor = statistics.median(run["total"] for run in firsts["floor"])
     print("| first element (fresh process) | ms (median) | phases (median ms) | vs floor | target |")
