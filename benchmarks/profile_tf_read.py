@@ -1,14 +1,16 @@
 #!/usr/bin/env python
 """Where the small-record shuffled read spends its CPU: the Python read vs the tf.data pipeline.
 
-Builds (once, under ``--dir``) a cache of 100,000 x (32x32x3 uint8, int64) and tf.data's own
-``cache(filename)`` of the same records, then measures, in one process and interleaved, best of
-``--reps`` passes, wall rate and process CPU time per record of:
+Uses the caches of ``bench_tf_read.py`` (made once under ``--dir``: 100,000 x (32x32x3 uint8,
+int64) in yogacache, and tf.data's own ``cache(filename)`` of shard 0 of 2 of the same records), then
+measures, in one process and interleaved, best of ``--reps`` passes, wall rate and process CPU
+time per record of:
 
 - ``python``: ``EpochReads.read`` over one epoch of shard 0 of 2, shuffled (no TensorFlow);
 - ``rebatch``: ``make_tf_dataset(stream).batch(256).prefetch(2)`` (batch rebatches whole reads);
 - ``elements``: the same, batched element by element (``tf.data.Dataset.batch`` itself);
-- ``tf-cache``: the read pass of tf.data's ``cache(filename)`` with ``batch(256).prefetch(2)``.
+- ``tf-cache``: the read pass of tf.data's ``cache(filename)`` (the same 50,000 records, in order)
+  with ``batch(256).prefetch(2)``.
 
 Usage: ``.venv/bin/python benchmarks/profile_tf_read.py [--dir DIR] [--reps N]``
 """
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 import tempfile
 import time
 from typing import Any, Callable
@@ -28,29 +31,25 @@ from yogacache.dataref import CacheDataRef
 from yogacache.store.local import CacheStore
 from yogacache.tensorflow import make_tf_dataset
 
-RECORDS = 100_000
+HERE = os.path.dirname(os.path.abspath(__file__))
+if HERE not in sys.path:
+    sys.path.insert(0, HERE)
+
+import bench_tf_read  # noqa: E402  (the caches, made once, and the stream's arguments)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--dir", default=os.path.join(tempfile.gettempdir(), "yogacache-profile-tf-read"))
+    parser.add_argument("--dir", default=os.path.join(tempfile.gettempdir(), "yogacache-bench-tf-read"))
     parser.add_argument("--reps", type=int, default=4)
     args = parser.parse_args()
     os.makedirs(args.dir, exist_ok=True)
-    images = np.random.default_rng(0).integers(0, 255, (RECORDS, 32, 32, 3), dtype=np.uint8)
-    labels = np.arange(RECORDS, dtype=np.int64)
-    source = tf.data.Dataset.from_tensor_slices((images, labels))
-    store = CacheStore(args.dir)
-    if not store.exists("small", "v1"):
-        store.build("small", "v1", source)
-    tf_cache = os.path.join(args.dir, "tf-cache")
-    if not os.path.exists(tf_cache + ".index"):
-        for _ in source.cache(tf_cache).batch(1024):
-            pass
-    reader = store.open("small", "v1")
+    bench_tf_read.setup(args.dir)
+    tf_cache = bench_tf_read._tf_cache_file(args.dir)
+    reader = CacheStore(args.dir).open("small", "v1")
 
     def stream() -> Any:
-        return CacheDataRef(reader).stream(shuffle=True, shuffle_seed=7, shard_rank=0, num_shards=2)
+        return CacheDataRef(reader).stream(**bench_tf_read.STREAM)
 
     def python_read() -> int:
         reads = stream().epoch_reads
@@ -60,7 +59,8 @@ def main() -> None:
     def consume(dataset: tf.data.Dataset) -> int:
         return sum(int(batch[1].shape[0]) for batch in dataset)
 
-    cached = tf.data.Dataset.from_tensor_slices((images[:1], labels[:1])).cache(tf_cache)
+    stub = (np.zeros((1, 32, 32, 3), np.uint8), np.zeros(1, np.int64))  # the file holds the records
+    cached = tf.data.Dataset.from_tensor_slices(stub).cache(tf_cache)
     passes: dict[str, Callable[[], int]] = {
         "python": python_read,
         "rebatch": lambda: consume(make_tf_dataset(stream()).batch(256).prefetch(2)),
