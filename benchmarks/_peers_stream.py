@@ -7,7 +7,16 @@ records come from ``_data.py`` like yogacache's.
 Usage:
   ``_peers_stream.py build {mds,litdata} --dir DIR --records N --part-bytes B``
   ``_peers_stream.py read {mds,litdata} --remote s3://bucket/prefix --dir CACHE --limit BYTES
-  --records N --epochs 2 --batch 256`` (``S3_ENDPOINT_URL`` / ``AWS_ENDPOINT_URL`` name the proxy)
+  --records N --epochs 2 --batch 256 [--workers 2] [--shuffle --part-bytes B]``
+  (``S3_ENDPOINT_URL`` / ``AWS_ENDPOINT_URL`` name the proxy)
+
+Shuffled MosaicML reads are tuned for streaming under a budget: ``shuffle_algo="py1e"`` over
+blocks of two shards' samples, ``num_canonical_nodes=1`` (one node), ``predownload`` left at its
+default (eight batches). Blocks of four shards (the window yogacache mixes) failed under a budget
+of half the dataset: either "Relative sample index ... is not present in the shard" or, worse,
+an epoch of wrong labels (shards evicted under their readers); ``predownload`` of one batch ran
+at a quarter of the rate. LitData's loader workers are spawned: its obstore client
+does not survive fork (forked workers hang on their first chunk).
 """
 
 from __future__ import annotations
@@ -34,6 +43,20 @@ def _arrays() -> tuple[Any, Any]:
         records = int(os.environ["BENCH_STREAM_RECORDS"])
         _ARRAYS["data"] = _data.make_arrays(records, SHAPE)
     return _ARRAYS["data"]  # type: ignore[no-any-return]
+
+
+_ALLOW_HTTP = "BENCH_LITDATA_ALLOW_HTTP"
+
+
+def allow_http() -> None:
+    """The test server speaks plain http, which LitData's obstore client refuses by default."""
+    import litdata.streaming.downloader as downloader
+
+    downloader._OBSTORE_CLIENT_OPTIONS = {**downloader._OBSTORE_CLIENT_OPTIONS, "allow_http": "true"}
+
+
+if os.environ.get(_ALLOW_HTTP):  # a spawned LitData worker, importing this module as __mp_main__
+    allow_http()
 
 
 def litdata_item(index: int) -> dict[str, Any]:
@@ -65,7 +88,10 @@ def build(kind: str, directory: str, part_bytes: int) -> dict[str, Any]:
     return {"seconds": time.perf_counter() - start}
 
 
-def read(kind: str, remote: str, directory: str, limit: int, epochs: int, batch: int) -> dict[str, Any]:
+def read(
+    kind: str, remote: str, directory: str, limit: int, epochs: int, batch: int, workers: int, shuffle: bool,
+    part_bytes: int,
+) -> dict[str, Any]:
     import torch
 
     records = int(os.environ["BENCH_STREAM_RECORDS"])
@@ -79,42 +105,54 @@ def read(kind: str, remote: str, directory: str, limit: int, epochs: int, batch:
         from streaming.base.util import clean_stale_shared_memory
 
         clean_stale_shared_memory()
+        tuning: dict[str, Any] = {}
+        if shuffle:
+            record_bytes = _data_record_bytes()
+            tuning = dict(shuffle_algo="py1e", shuffle_block_size=2 * max(1, part_bytes // record_bytes),
+                          num_canonical_nodes=1, shuffle_seed=7)
         dataset: Any = StreamingDataset(
-            remote=remote, local=directory, shuffle=False, batch_size=batch, cache_limit=limit
+            remote=remote, local=directory, shuffle=shuffle, batch_size=batch, cache_limit=limit, **tuning
         )
-        loader: Any = torch.utils.data.DataLoader(dataset, batch_size=batch, num_workers=0)
+        loader: Any = torch.utils.data.DataLoader(dataset, batch_size=batch, num_workers=workers)
     else:
-        import litdata.streaming.downloader as downloader
         from litdata import StreamingDataLoader, StreamingDataset
         from litdata.streaming.resolver import Dir
 
-        # The test server speaks plain http, which LitData's obstore client refuses by default.
-        downloader._OBSTORE_CLIENT_OPTIONS = {**downloader._OBSTORE_CLIENT_OPTIONS, "allow_http": "true"}
+        os.environ[_ALLOW_HTTP] = "1"  # for spawned workers too, which import this module anew
+        allow_http()
 
         endpoint = os.environ["AWS_ENDPOINT_URL"]
         dataset = StreamingDataset(
             input_dir=Dir(path=directory, url=remote),
-            shuffle=False,
+            shuffle=shuffle,
+            seed=7,
             max_cache_size=limit,
             storage_options={"endpoint_url": endpoint},
         )
-        loader = StreamingDataLoader(dataset, batch_size=batch, num_workers=0)
+        # LitData's obstore client does not survive fork (its workers hang on their first chunk).
+        context = "spawn" if workers else None
+        loader = StreamingDataLoader(dataset, batch_size=batch, num_workers=workers, multiprocessing_context=context)
     results = []
     for epoch in range(epochs):
         start_wall, start = (opened_wall, opened) if epoch == 0 else (time.time(), time.perf_counter())
         first = None
-        count = 0
+        count = label_sum = 0
         for element in loader:
             if first is None:
                 first = time.perf_counter() - start
             count += len(element["label"])
+            label_sum += int(element["label"].sum())
         results.append(
             {"start": start_wall, "end": time.time(), "seconds": time.perf_counter() - start,
-             "first_batch": first, "records": count}
+             "first_batch": first, "records": count, "label_sum": label_sum}
         )
         if count != records:
             raise RuntimeError(f"{kind} read {count} records in an epoch, expected {records}")
     return {"epochs": results}
+
+
+def _data_record_bytes() -> int:
+    return SHAPE[0] * SHAPE[1] * SHAPE[2] + 8
 
 
 def main() -> None:
@@ -128,12 +166,15 @@ def main() -> None:
     parser.add_argument("--limit", type=int, default=0)
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--batch", type=int, default=_data.BATCH)
+    parser.add_argument("--workers", type=int, default=0)
+    parser.add_argument("--shuffle", action="store_true")
     args = parser.parse_args()
     os.environ["BENCH_STREAM_RECORDS"] = str(args.records)
     if args.action == "build":
         result = build(args.kind, args.dir, args.part_bytes)
     else:
-        result = read(args.kind, args.remote, args.dir, args.limit, args.epochs, args.batch)
+        result = read(args.kind, args.remote, args.dir, args.limit, args.epochs, args.batch, args.workers,
+                      args.shuffle, args.part_bytes)
     print(json.dumps(result))
 
 
