@@ -372,9 +372,10 @@ def _epoch_read_datasets(reads: EpochReads, spec: Spec) -> tuple[tf.data.Dataset
     def epoch_reads(epoch: tf.Tensor) -> tf.data.Dataset:
         # Runs when the epoch starts and again when a checkpoint restores an iterator inside it.
         count = tf.numpy_function(functions.enter, [epoch], tf.int64, stateful=True, name="yogacache_enter")
-        # (epoch, read number) pairs by zip, not by a map: one function less to trace.
-        epochs = tf.data.Dataset.from_tensors(epoch).repeat()
-        numbered = tf.data.Dataset.zip((epochs, tf.data.Dataset.range(tf.reshape(count, []))))
+        # (epoch, read number) pairs sliced from two vectors of one entry per read: no function
+        # to trace, and one dataset where zip(from_tensors.repeat, range) made four.
+        count = tf.reshape(count, [])
+        numbered = tf.data.Dataset.from_tensor_slices((tf.fill([count], epoch), tf.range(count, dtype=tf.int64)))
         return numbered.map(read)
 
     @tf.autograph.experimental.do_not_convert
