@@ -211,9 +211,17 @@ class EpochReader:
     # -- plans and reads ----------------------------------------------------------------------
     def plan(self, epoch: int, position: int) -> EpochPlan:
         """What this rank reads of ``epoch`` from ``position`` on; a streamed cache is told to
-        fetch its parts ahead, then those the next epoch starts with."""
+        fetch its parts ahead, then those the next epoch starts with (from the mode's
+        ``parts_needed``: O(parts) for ``"parts"``, where reading the plan's indices cost every
+        DataLoader worker O(records) before its first fetch)."""
         plan = self.schedule.plan(epoch, position)
-        self.reader.expect_plan(plan, lambda: self.schedule.plan(epoch + 1))
+        schedule = self.schedule
+        self.reader.expect_parts(
+            lambda: [
+                [use.part for use in schedule.parts_needed(epoch, position)],
+                [use.part for use in schedule.parts_needed(epoch + 1)],
+            ]
+        )
         return plan
 
     def reads(self, point: Point, **dealing: Any) -> Iterator[np.ndarray]:

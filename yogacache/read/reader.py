@@ -27,7 +27,7 @@ import threading
 import weakref
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Callable, Iterable, Iterator, Optional, Protocol, Sequence, TypeVar
+from typing import Any, Callable, Iterator, Optional, Protocol, Sequence, TypeVar
 
 import lmdb
 import numpy as np
@@ -64,20 +64,6 @@ class PartProvider(Protocol):
     def release(self, index: int) -> None: ...
 
     def expect(self, order: Sequence[int]) -> None: ...
-
-
-def parts_in_order(starts: np.ndarray, indices: Iterable[np.ndarray]) -> list[int]:
-    """The parts (by number, for parts starting at record ``starts``) that the record indices
-    of ``indices`` fall in, in order of first use."""
-    seen: dict[int, None] = {}
-    for chunk in indices:
-        if not len(chunk):
-            continue
-        owners = np.searchsorted(starts, chunk, side="right") - 1
-        _, first = np.unique(owners, return_index=True)
-        for part in owners[np.sort(first)].tolist():
-            seen.setdefault(int(part), None)
-    return list(seen)
 
 
 def _physical_memory() -> int:
@@ -649,23 +635,14 @@ class CacheReader:
         limit = getattr(self._provider, "limit", None) if self._provider is not None else None
         return limit if isinstance(limit, int) else None
 
-    def expect_plan(
-        self, plan: Any, following: Optional[Callable[[], Any]] = None, *, window: int = 1 << 20
-    ) -> None:
-        """Tells the part provider (if any) which parts reading ``plan`` (an ``EpochPlan``)
-        needs, in order, then those of ``following()`` (the next epoch's plan), so that it
-        fetches them ahead and, at the end of an epoch, keeps what the next one starts with; a
-        no-op for a reader of local files."""
+    def expect_parts(self, epochs: Callable[[], Sequence[Sequence[int]]]) -> None:
+        """Tells the part provider (if any) which parts the reader reads, in order of first use:
+        ``epochs()`` lists this epoch's, then the next epoch's (each part once per epoch), so
+        that it fetches them ahead and, at the end of an epoch, keeps what the next one starts
+        with. ``epochs`` is called only for a streamed reader: a no-op for local files."""
         if self._provider is None or self._closed:
             return
-        order = []
-        for each in (plan, following() if following is not None else None):
-            if each is None:
-                continue
-            total = len(each)
-            chunks = (each.indices(start, min(start + window, total)) for start in range(0, total, window))
-            order += parts_in_order(self._starts, chunks)
-        self._provider.expect(order)
+        self._provider.expect([int(part) for parts in epochs() for part in parts])
 
     def _read_lazily(self, indices: np.ndarray, consume: Callable[[list[Any]], T]) -> T:
         """``_read`` through the provider: one part at a time, its records copied out, so that
