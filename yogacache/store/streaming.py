@@ -282,10 +282,10 @@ class StreamingParts:
         part = self.manifest.parts[index]
         target = self.path(index)
         if part_file_verified(target, part):
-            try:
-                os.utime(target)  # recently used
-            except OSError:
-                pass  # another user's part: its age only orders eviction
+            # Not touched to mark it used: setting its times moves its ctime, so the stamp that
+            # vouches for its hash no longer matches, and every acquire of a part on the node
+            # hashed it whole again (64 MiB per read of each part it spans). Reading it sets
+            # its access time, which orders eviction among parts no reader needs.
             return
         make_directories(self.directory)
         with budget.fetch_lock(self.directory, self.file_names[index]):
