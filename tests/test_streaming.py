@@ -216,6 +216,38 @@ def test_in_process_reader_under_a_budget_reads_every_record(
     print(json.dumps({"fetched": proxies[0].bytes_sent("GET", "-part-"), "cache": manifest.total_size_bytes}))
 
 
+def test_reading_parts_on_the_node_leaves_them_untouched(
+    cloud: Cloud, published: tuple[str, str, Manifest], proxies: list[FaultProxy], tmp_path: Path
+) -> None:
+    """Parts already on the node are read as they are: no part's inode times change in a second
+    epoch (touching one moved its ctime, which voided the stamp of its hash, so every acquire
+    hashed the whole part again), and nothing is fetched again."""
+    bucket, prefix, manifest = published
+    node = tmp_path / "node"
+    # Under a budget (that holds every part) a reader holds one part at a time, so it acquires
+    # each part again and again.
+    limit = 2 * manifest.total_size_bytes
+    config = node_config(cloud, bucket, prefix, node, proxies[0].url, streaming=True, local_cache_limit=limit)
+    if cloud.kind == "gcs":
+        os.environ["STORAGE_EMULATOR_HOST"] = proxies[0].url
+    try:
+        reader = open_store(config, show_progress=False).open(DS, VER)
+        stream = read_stream(reader, ReadOptions(shuffle=True, shuffle_seed=3, shuffle_mode="parts"))
+        assert sorted(int(label) for _, label in stream) == list(range(RECORDS))
+        parts = sorted(path for path in parts_dir(node).iterdir() if path.name.endswith(".mdb"))
+        assert len(parts) == len(manifest.parts)
+        before = {path.name: (path.stat().st_ino, path.stat().st_mtime_ns, path.stat().st_ctime_ns) for path in parts}
+        fetched = proxies[0].bytes_sent("GET", "-part-")
+        assert sorted(int(label) for _, label in stream) == list(range(RECORDS))
+        after = {path.name: (path.stat().st_ino, path.stat().st_mtime_ns, path.stat().st_ctime_ns) for path in parts}
+        assert after == before
+        assert proxies[0].bytes_sent("GET", "-part-") == fetched
+        reader.close()
+    finally:
+        if cloud.kind == "gcs":
+            os.environ["STORAGE_EMULATOR_HOST"] = cloud.server.url
+
+
 def test_second_epoch_refetches_only_what_the_budget_could_not_keep(
     cloud: Cloud, published: tuple[str, str, Manifest], proxies: list[FaultProxy], tmp_path: Path
 ) -> None:
