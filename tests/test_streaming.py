@@ -300,6 +300,48 @@ def test_dataloader_workers_read_a_streamed_cache(
         assert sorted(set(gets)) == sorted(gets) and len(gets) == len(manifest.parts)
 
 
+def test_a_dataloaders_main_process_starts_the_first_part_and_only_that(
+    s3_server: Any, tmp_path: Path
+) -> None:
+    """``EpochReader.prefetch`` (what a CacheDataLoader's main process calls once its workers
+    are started) fetches the first part the epoch reads, and nothing after it (the main process
+    announces no order, so it neither fetches ahead nor keeps parts from eviction); the workers
+    then find it on the node: each part is still fetched once."""
+    import time
+
+    import torch
+
+    from yogacache.read.options import ReadOptions
+    from yogacache.torch import CacheDataLoader, CacheIterableDataset
+
+    cloud = Cloud("s3", s3_server)
+    bucket, prefix = cloud.new_bucket(), unique("caches")
+    manifest = publish(cloud, bucket, prefix, tmp_path / "builder")
+    with FaultProxy(s3_server.endpoint_url) as proxy:
+        config = node_config(
+            cloud, bucket, prefix, tmp_path / "node", proxy.url, streaming=True,
+            local_cache_limit=manifest.total_size_bytes,
+        )
+        reader = open_store(config, show_progress=False).open(DS, VER)
+        options = ReadOptions(shuffle=True, shuffle_seed=5, shuffle_mode="parts")
+        dataset = CacheIterableDataset.from_options(reader, options)
+        first = dataset.epochs.schedule.parts_needed(0)[0].part
+        dataset.epochs.prefetch((0, 0))
+        target = parts_dir(tmp_path / "node") / f"{manifest.build_id}-{manifest.parts[first].name}"
+        deadline = time.monotonic() + 30
+        while not target.exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert target.exists()
+        time.sleep(0.3)  # a fetch ahead, were there one, would have started
+        gets = _part_gets(proxy)
+        assert len(gets) == 1 and gets[0].endswith(manifest.parts[first].name), gets
+        loader = CacheDataLoader(dataset, batch_size=16, num_workers=2)
+        labels = torch.cat([batch[1] for batch in loader]).tolist()
+        assert sorted(labels) == list(range(RECORDS))
+        gets = _part_gets(proxy)
+        assert sorted(set(gets)) == sorted(gets) and len(gets) == len(manifest.parts)
+
+
 def test_usage_sampler_counts_a_file_once_under_two_names(tmp_path: Path) -> None:
     """The sampler lists names, then stats them one by one: boto3 renaming its download onto the
     reservation between two stats shows one file under two names (as a hard link does), which

@@ -448,7 +448,12 @@ class CacheDataLoader(DataLoader):  # type: ignore[type-arg]
             dataset._counting_here = True
             dataset.reset_consumed()
         batching = dataset.batched or self.batch_size is not None
-        for batch in super().__iter__():
+        batches = super().__iter__()  # starts the workers
+        if self.num_workers > 0:
+            # A streamed cache's first part starts on its way now, not once the workers have
+            # started and planned (0.2 s or more): they find it being fetched.
+            dataset.epochs.prefetch((dataset._epoch, dataset._position))
+        for batch in batches:
             if counting:
                 dataset.count_consumed(batch, batch=batching)
             yield batch

@@ -224,6 +224,14 @@ class EpochReader:
         )
         return plan
 
+    def prefetch(self, point: Point) -> None:
+        """Starts fetching the first part read from ``point`` (a streamed cache), announcing no
+        order: for a process that hands the reading to others (a DataLoader's main process)."""
+        if self.reader.streamed:
+            needed = self.schedule.parts_needed(*point)
+            if needed:
+                self.reader.prefetch_part(needed[0].part)
+
     def reads(self, point: Point, **dealing: Any) -> Iterator[np.ndarray]:
         """The record indices of each read of the epoch from ``point`` on: ``plan_reads`` of
         ``plan(*point)``, dealt as ``dealing`` says (``block_size``, ``worker`` of ``workers``,

@@ -54,7 +54,9 @@ class PartProvider(Protocol):
     ``acquire(i)`` returns the local path of part ``i``, fetched if need be and verified against
     the manifest (size and content hash), and keeps it from eviction until ``release(i)``.
     ``expect(order)`` announces the parts the reader will need next, in order of first use, so
-    that they can be fetched ahead. ``keep_open`` is how many parts the reader may hold at once.
+    that they can be fetched ahead. ``prefetch(i)`` starts fetching part ``i`` in the background
+    without announcing anything (for a process that reads nothing itself). ``keep_open`` is how
+    many parts the reader may hold at once.
     """
 
     keep_open: int
@@ -64,6 +66,8 @@ class PartProvider(Protocol):
     def release(self, index: int) -> None: ...
 
     def expect(self, order: Sequence[int]) -> None: ...
+
+    def prefetch(self, index: int) -> None: ...
 
 
 def _physical_memory() -> int:
@@ -630,10 +634,23 @@ class CacheReader:
 
     # -- lazily opened parts (streamed caches) -----------------------------------------------------
     @property
+    def streamed(self) -> bool:
+        """Whether this reader's parts arrive through a part provider (a streamed cache)."""
+        return self._provider is not None
+
+    @property
     def streaming_budget(self) -> Optional[int]:
         """The node's byte budget for this streamed cache's parts; None for local files or no budget."""
         limit = getattr(self._provider, "limit", None) if self._provider is not None else None
         return limit if isinstance(limit, int) else None
+
+    def prefetch_part(self, index: int) -> None:
+        """Starts fetching part ``index`` in the background (a streamed reader; a no-op for local
+        files), announcing no read order: what a DataLoader's main process, which reads nothing,
+        does once its workers are started, so that they find the part they start with on its
+        way instead of starting its fetch after their own start-up."""
+        if self._provider is not None and not self._closed:
+            self._provider.prefetch(index)
 
     def expect_parts(self, epochs: Callable[[], Sequence[Sequence[int]]]) -> None:
         """Tells the part provider (if any) which parts the reader reads, in order of first use:

@@ -205,6 +205,17 @@ class StreamingParts:
         self._announce()
         self._fetch_ahead()
 
+    def prefetch(self, index: int) -> None:
+        """Starts fetching part ``index`` on a transfer thread, as a fetch ahead that announces
+        no order (the process reads nothing; its DataLoader workers do, and find the part on its
+        way: one download per node, under its fetch lock)."""
+        self._process()
+        with self._lock:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(self.transfer_threads, thread_name_prefix="yogacache-stream")
+            if index not in self._ahead or self._ahead[index].done():
+                self._ahead[index] = self._pool.submit(self._fetch_quietly, index, 0, self._stopping)
+
     def close(self) -> None:
         """Stops fetching ahead: queued fetches are dropped, running ones stop at their next
         chunk or before their next retry (their temporary files are removed)."""
