@@ -197,7 +197,7 @@ class StreamingParts:
     def expect(self, order: Sequence[int], current: Optional[int] = None) -> None:
         """Announces the reader's order: this epoch's parts in order of first use, then the next
         epoch's; ``current`` says how many are this epoch's (None: up to the first part named
-        twice, as ``CacheReader.expect_plan`` lists each epoch's parts once)."""
+        twice, as ``CacheReader.expect_parts`` lists each epoch's parts once)."""
         self._process()
         with self._lock:
             self._reading.set([int(index) for index in order], current)
