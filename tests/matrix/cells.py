@@ -18,7 +18,9 @@ AXES: dict[str, tuple[str, ...]] = {
     "delivery": ("sync", "stream-full", "stream-half"),
     "order": ("none", "shard", "global", "parts-w1", "parts-w2", "parts"),
     "consumer": ("stream", "dataset", "tf", "torch"),
-    "start": ("zero", "mid", "elastic"),
+    # "legacy": a mid-epoch resume state as a release before the "parts" order's lead wrote it
+    # (no ``parts_order``): the rest of its epoch in that order, then this release's.
+    "start": ("zero", "mid", "elastic", "legacy"),
     "size": ("one", "many", "rec1"),
 }
 NAMES = tuple(AXES)
@@ -70,6 +72,14 @@ EXCLUDED: tuple[tuple[str, str, str, str, str], ...] = tuple(
             "(docs/shuffle.md); its mid-epoch resume is the 'mid' start",
         )
         for order in ("none", "shard")
+    ]
+    + [
+        (
+            "order", order, "start", "legacy",
+            "a state without parts_order differs from this release's only in the parts orders "
+            "(docs/shuffle.md: the lead); YogaDL's shard order resumes by start_offset",
+        )
+        for order in ("none", "shard", "global")
     ]
 )
 
