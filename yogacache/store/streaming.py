@@ -211,10 +211,8 @@ class StreamingParts:
         way: one download per node, under its fetch lock)."""
         self._process()
         with self._lock:
-            if self._pool is None:
-                self._pool = ThreadPoolExecutor(self.transfer_threads, thread_name_prefix="yogacache-stream")
             if index not in self._ahead or self._ahead[index].done():
-                self._ahead[index] = self._pool.submit(self._fetch_quietly, index, 0, self._stopping)
+                self._submit_ahead(index, 0)
 
     def close(self) -> None:
         """Stops fetching ahead: queued fetches are dropped, running ones stop at their next
@@ -268,11 +266,15 @@ class StreamingParts:
                 # epoch's first part: only into room that no reader needs (it is fetched ahead
                 # to start that epoch without waiting, not at the cost of a part it reads).
                 distance = place - start if place < self._reading.current else math.inf
-                if self._pool is None:
-                    self._pool = ThreadPoolExecutor(self.transfer_threads, thread_name_prefix="yogacache-stream")
-                self._ahead[index] = self._pool.submit(self._fetch_quietly, index, distance, self._stopping)
+                self._submit_ahead(index, distance)
             for index in [i for i, future in self._ahead.items() if future.done()]:
                 del self._ahead[index]
+
+    def _submit_ahead(self, index: int, distance: float) -> None:
+        """Starts fetching part ``index`` ahead on the transfer threads (the caller holds the lock)."""
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(self.transfer_threads, thread_name_prefix="yogacache-stream")
+        self._ahead[index] = self._pool.submit(self._fetch_quietly, index, distance, self._stopping)
 
     def _fetch_quietly(self, index: int, distance: float, stopping: threading.Event) -> None:
         try:
