@@ -145,16 +145,6 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_forget_leases_after_fork)
 
 
-def _new_leases_lock() -> None:
-    """A child forked while a thread of its parent held the lock gets a free one."""
-    global _leases_lock
-    _leases_lock = threading.Lock()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_new_leases_lock)
-
-
 def process_lease(root: Path) -> ProcessLease:
     """This process's lease under ``root`` (one per process and root, taken on first use)."""
     with _leases_lock:
