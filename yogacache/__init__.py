@@ -27,6 +27,7 @@ from yogacache.version import __version__
 if TYPE_CHECKING:
     from yogacache.datalayer import DataLayer
     from yogacache.dataref import CacheDataRef, DataRef, Storage, Stream
+    from yogacache.mixture import Component, Mixture
 
 # Public names that live in heavier modules, imported when first asked for.
 _LAZY = {
@@ -35,6 +36,8 @@ _LAZY = {
     "DataRef": "yogacache.dataref",
     "Storage": "yogacache.dataref",
     "Stream": "yogacache.dataref",
+    "Component": "yogacache.mixture",
+    "Mixture": "yogacache.mixture",
 }
 
 
@@ -56,12 +59,14 @@ __all__ = [
     "CacheDataRef",
     "CacheLimitExceededError",
     "CacheNotFoundError",
+    "Component",
     "ConfigError",
     "CorruptCacheError",
     "DataLayer",
     "DataRef",
     "IncompatibleCacheError",
     "InvalidNameError",
+    "Mixture",
     "Storage",
     "Stream",
     "UnsupportedDatasetError",

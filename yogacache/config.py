@@ -267,6 +267,18 @@ def check_part_budget(part_bytes: Optional[int], limit: Optional[int], prefix: s
 
 def load_config_file(path: Path) -> Optional[StorageConfig]:
     """Reads a JSON or YAML file holding a ``data_layer`` dict, bare or under a ``data_layer`` key."""
+    raw = read_config_mapping(path)
+    if "data_layer" in raw:
+        raw = raw["data_layer"]
+    elif "mixture" in raw:  # a bare data_layer beside a mixture section
+        raw = {key: value for key, value in raw.items() if key != "mixture"}
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"config file {path} does not hold a data_layer mapping")
+    return parse_config(raw)
+
+
+def read_config_mapping(path: Path) -> Mapping[str, Any]:
+    """The mapping a JSON or YAML config file holds (``data_layer:``, ``mixture:``, …)."""
     try:
         text = Path(path).read_text()
     except OSError as error:
@@ -285,8 +297,6 @@ def load_config_file(path: Path) -> Optional[StorageConfig]:
             raw = yaml.safe_load(text)
         except yaml.YAMLError as error:
             raise ConfigError(f"config file {path} is not valid YAML: {error}") from error
-    if isinstance(raw, Mapping) and "data_layer" in raw:
-        raw = raw["data_layer"]
     if not isinstance(raw, Mapping):
         raise ConfigError(f"config file {path} does not hold a data_layer mapping")
-    return parse_config(raw)
+    return raw

@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import importlib.util
 import re
-from typing import Any, Callable, Mapping, Optional, Union
+from typing import Any, Callable, Mapping, Optional, Sequence, Union
 
 from yogacache import launcher
 from yogacache.arguments import as_int, skip_shuffle_flag
@@ -15,8 +15,7 @@ from yogacache.errors import UnsupportedDatasetError
 from yogacache.format.integrity import Verify
 from yogacache.format.writer import BuildLimits
 from yogacache.names import validate_name
-from yogacache.read.options import ReadOptions, mode_keywords
-from yogacache.read.schedule import ResumeState
+from yogacache.read.options import ReadOptions, checked_resume_state, mode_keywords
 from yogacache.store import open_store
 from yogacache.store import yogadl as yogadl_caches
 
@@ -75,7 +74,7 @@ class DataLayer:
         self.offset = as_int(offset, "offset")
         if self.offset < 0:
             raise ValueError(f"offset must not be negative, got {self.offset}")
-        self.resume_state = None if resume_state is None else ResumeState.from_dict(resume_state).to_dict()
+        self.resume_state = None if resume_state is None else checked_resume_state(resume_state)
         if self.resume_state is not None and self.offset:
             raise ValueError("pass either offset or resume_state, not both")
         self.store = open_store(
@@ -268,6 +267,90 @@ class DataLayer:
             workers,
             build_shards,
         )
+
+
+    # -- mixtures ---------------------------------------------------------------------------
+    def mixture(
+        self,
+        components: Union[Sequence[Any], Mapping[str, Any]],
+        *,
+        weights: Optional[Sequence[float]] = None,
+        epoch_size: Optional[int] = None,
+        stopping: Optional[str] = None,
+    ) -> Any:
+        """A ``yogacache.mixture.Mixture`` of caches in this layer's store (or anywhere).
+
+        ``components``: a list of ``(dataset_id, dataset_version)`` pairs (caches that exist in
+        this layer's store), ``Component``s, ``CacheDataRef``s, decorated builders (called with
+        no arguments: they build on a miss) or cache directories; or a ``mixture:`` config
+        section (``Mixture.from_config``), whose components default to this layer's store.
+        """
+        from yogacache.mixture import Component, Mixture
+
+        if isinstance(components, Mapping):
+            if weights is not None or epoch_size is not None or stopping is not None:
+                raise TypeError("a mixture config section holds its own weights, epoch_size and stopping")
+            return Mixture.from_config(components, storage=self.store, open_cache=self._open_component)
+
+        def resolved(each: Any) -> Any:
+            if isinstance(each, Component):
+                return Component(resolved(each.source), weight=each.weight, repeat=each.repeat, samples=each.samples)
+            if isinstance(each, tuple) and len(each) == 2 and all(isinstance(value, str) for value in each):
+                return self._open_component(self.store, *each)
+            return each
+
+        listed = [resolved(each) for each in components]
+        return Mixture(listed, weights=weights, epoch_size=epoch_size, stopping=stopping)
+
+    def _open_component(self, storage: Any, dataset_id: str, dataset_version: str) -> Any:
+        validate_name(dataset_id, "dataset_id")
+        validate_name(dataset_version, "dataset_version")
+        if storage is self.store or storage is None:
+            return yogadl_caches.fetch(self.store, dataset_id, dataset_version)
+        from yogacache.mixture import _fetch
+
+        return _fetch(storage, dataset_id, dataset_version)
+
+    def train_mixture(
+        self,
+        mixture: Any,
+        shuffle: bool = False,
+        skip_shuffle_at_epoch_end: bool = False,
+        *,
+        returns: str = "tf",
+        **read_arguments: Any,
+    ) -> Any:
+        """This rank's share of a mixture for training, as ``cache_train_dataset`` serves a
+        cache: shuffled with ``seed``, resumed at ``offset`` or ``resume_state`` (a mixture's),
+        the remainder dropped, returned as ``returns`` says. ``shuffle_mode`` picks each
+        component's own order (``"parts"`` for streamed caches)."""
+        unknown = sorted(set(read_arguments) - {"shuffle_mode", "skip_shuffle_end_of_epoch", *mode_keywords()})
+        if unknown:
+            raise TypeError(f"train_mixture got unexpected keyword arguments {unknown}")
+        arguments = {
+            "start_offset": self.offset,
+            "resume_state": self.resume_state,
+            "shuffle": shuffle,
+            "skip_shuffle_at_epoch_end": skip_shuffle_flag(
+                skip_shuffle_at_epoch_end, read_arguments.pop("skip_shuffle_end_of_epoch", None)
+            ),
+            "drop_shard_remainder": True,
+            **read_arguments,
+        }
+        return self._read_mixture(mixture, arguments, returns)
+
+    def validation_mixture(self, mixture: Any, shuffle: bool = False, *, returns: str = "tf") -> Any:
+        """This rank's share of a mixture for validation: from the start, the same order every
+        epoch, as ``returns`` says."""
+        return self._read_mixture(mixture, {"shuffle": shuffle, "skip_shuffle_at_epoch_end": True}, returns)
+
+    def _read_mixture(self, mixture: Any, arguments: Mapping[str, Any], returns: str) -> Any:
+        if returns not in RETURNS:
+            raise ValueError(f"returns must be one of {RETURNS}, got {returns!r}")
+        options = ReadOptions.from_stream_args(
+            **arguments, shuffle_seed=self.seed, shard_rank=self.rank, num_shards=self.num_shards
+        )
+        return _ADAPTERS[returns](mixture, options)
 
 
 def cache_version(dataset_version: str, suffix: str) -> str:

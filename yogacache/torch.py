@@ -35,6 +35,7 @@ from yogacache.format.spec import STRING, Spec, TensorSpec, flatten, spec_leaves
 from yogacache.read.epochs import EpochReader
 from yogacache.read.options import ReadOptions, stream_arguments, stream_signature
 from yogacache.read.pipeline import ReaderSource
+from yogacache.read.mixture_reader import MixtureReader
 from yogacache.read.reader import CacheReader
 from yogacache.read.schedule import ReadSchedule
 
@@ -47,11 +48,11 @@ CacheSource = Union[CacheReader, ReaderSource, str, "os.PathLike[str]"]
 def open_reader(source: CacheSource) -> CacheReader:
     """The reader of a cache given as a CacheReader, a CacheDataRef (anything with a ``reader``)
     or a cache directory."""
-    if isinstance(source, CacheReader):
-        return source
+    if isinstance(source, (CacheReader, MixtureReader)):
+        return source  # type: ignore[return-value]
     reader = getattr(source, "reader", None)
-    if isinstance(reader, CacheReader):
-        return reader
+    if isinstance(reader, (CacheReader, MixtureReader)):
+        return reader  # type: ignore[no-any-return]
     if isinstance(source, (str, os.PathLike)):
         return CacheReader(source)  # type: ignore[arg-type]
     raise TypeError(

@@ -62,11 +62,17 @@ class ReadSizes:
 
     @classmethod
     def for_manifest(cls, manifest: Manifest) -> ReadSizes:
+        """``for_records`` of a cache's manifest."""
+        return cls.for_records(manifest.num_records, manifest.average_record_bytes)
+
+    @classmethod
+    def for_records(cls, num_records: int, record_bytes: int) -> ReadSizes:
         """Full reads of ``FULL_READ_RECORDS`` capped at ``FULL_READ_BYTES``; a first read of
-        ``FIRST_READ_RECORDS``, more while they fit in ``FIRST_READ_BYTES``."""
-        record = manifest.average_record_bytes
+        ``FIRST_READ_RECORDS``, more while they fit in ``FIRST_READ_BYTES`` (records of
+        ``record_bytes`` on average)."""
+        record = max(1, record_bytes)
         full = FULL_READ_RECORDS
-        if manifest.num_records:
+        if num_records:
             full = max(1, min(FULL_READ_RECORDS, FULL_READ_BYTES // record))
         return cls(full=full, first=min(full, max(FIRST_READ_RECORDS, FIRST_READ_BYTES // record)))
 
@@ -146,7 +152,7 @@ def warn_random_streaming(reader: CacheReader, schedule: ReadSchedule, sizes: Re
     key = (str(reader.directory), mode)
     if budget is None or key in _WARNED_RANDOM_STREAMS:
         return
-    layout = PartLayout.from_manifest(reader.manifest)
+    layout = reader.layout
     records = len(schedule) * max(1, schedule.options.ranks_per_node or 1)
     warning = shuffle_budget_warning(mode, layout, budget, records, sizes.full) if schedule.options.shuffle else None
     if warning is not None:
@@ -160,10 +166,9 @@ class EpochReader:
     def __init__(self, reader: CacheReader, options: ReadOptions) -> None:
         self.reader = reader
         self.options = options
-        self.schedule = ReadSchedule(
-            len(reader), options, PartLayout.from_manifest(reader.manifest), budget_bytes=reader.streaming_budget
-        )
-        self.sizes = ReadSizes.for_manifest(reader.manifest)
+        # A cache's ``ReadSchedule``, or a mixture's (``yogacache.read.mixture``): the reader's own.
+        self.schedule = reader.read_schedule(options)
+        self.sizes = ReadSizes.for_records(len(reader), reader.average_record_bytes)
         warn_random_streaming(reader, self.schedule, self.sizes)
 
     # -- points -------------------------------------------------------------------------------

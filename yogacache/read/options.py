@@ -17,12 +17,14 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional
 
 from yogacache.arguments import as_int, skip_shuffle_flag
+from yogacache.read.mixture import MixtureState, is_mixture_state
 from yogacache.read.shuffle import SHUFFLE_MODES, ResumeState, ShardMode, shuffle_mode
 
 __all__ = [
     "DEFAULT_SHUFFLE_MODE",
     "ReadOptions",
     "STREAM_ARGUMENTS",
+    "checked_resume_state",
     "mode_keywords",
     "stream_arguments",
     "stream_signature",
@@ -139,7 +141,7 @@ class ReadOptions:
             if start_offset:
                 raise ValueError("pass either start_offset or resume_state, not both")
             # A checked copy: the caller's dict may change later, these options may not.
-            normalize("resume_state", ResumeState.from_dict(self.resume_state).to_dict())
+            normalize("resume_state", checked_resume_state(self.resume_state))
         mode.check(self)
         if self.shuffle and self.shuffle_seed is None and self.resume_state is None:
             # A seedless shuffle (allowed: one order for every epoch) gets one concrete seed
@@ -202,6 +204,13 @@ class ReadOptions:
         shuffle = bool(named.pop("shuffle"))
         skip = skip_shuffle_flag(named.pop("skip_shuffle_at_epoch_end"), named.pop("skip_shuffle_end_of_epoch", None))
         return cls(shuffle=shuffle, reshuffle_each_epoch=shuffle and not skip, **named)
+
+
+def checked_resume_state(state: Mapping[str, Any]) -> dict[str, Any]:
+    """A checked copy of a resume state: one cache's (``ResumeState``) or a mixture's."""
+    if is_mixture_state(state):
+        return MixtureState.from_dict(state).to_dict()
+    return ResumeState.from_dict(state).to_dict()
 
 
 def stream_arguments(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> dict[str, Any]:

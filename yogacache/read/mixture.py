@@ -1,0 +1,613 @@
+"""Mixtures: several caches read as one at set proportions, each epoch one seeded interleaving.
+
+A mixture of ``K`` components (caches of ``n_i`` records, equal element specs) reads, in every
+epoch, exactly ``c_i`` records of component ``i`` (``mixture_counts``):
+
+- relative ``weight``s share an epoch of ``epoch_size`` records (default: the components'
+  records together, ``Σ n_i``) by largest remainders, so each count is within one record of
+  ``weight_i / Σ weight · epoch_size``; or the stopping rules, as Hugging Face's
+  ``interleave_datasets`` names them, set the epoch size from the weights: ``"first_exhausted"``
+  the largest epoch that takes no component past one pass, ``"all_exhausted"`` the smallest
+  that takes every component through at least one;
+- absolute counts: ``repeat`` passes over the component per epoch (``round(repeat · n_i)``
+  records) or ``samples`` records per epoch.
+
+Component ``i`` draws its records in passes: pass ``q`` is epoch ``q`` of the component's own
+order (``shuffle_mode`` with one shard: ``"global"``'s permutation, ``"parts"``'s window order,
+…), and epoch ``e`` takes draws ``e·c_i`` to ``(e+1)·c_i - 1``. A record is drawn once per pass;
+an upsampled component repeats whole passes, a downsampled one rotates through all its records
+across epochs before it repeats any.
+
+The interleaving (``MixedOrder``) is stratified: draw ``k`` of component ``i`` gets the key
+``(k + u) / c_i``, with ``u`` in ``[0, 1)`` a keyed hash of ``(seed, epoch, i, k)`` (``0.5``
+unshuffled), and the epoch reads the draws in key order. Every window of ``L`` records then holds
+``c_i / E · L`` records of component ``i`` give or take two, so every batch mixes every
+component (never one stream after another), and the order is a function of the seed and the
+epoch alone: the same on every node for any world size. Ranks share the mixed order as global
+mode shares a permutation (``MixtureMode``): rank ``r`` of ``S`` reads positions ``c+r, c+r+S,
+…`` after ``c`` consumed, so a resume state ``(epoch, c)`` is valid at any world size.
+
+Pure numpy, no I/O; ``yogacache.mixture`` reads caches this way.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import math
+import threading
+from dataclasses import dataclass
+from typing import Any, Mapping, Optional, Sequence
+
+import numpy as np
+
+from yogacache.arguments import as_int
+from yogacache.read.layout import PartLayout, PartUse
+from yogacache.read.permutation import _mix
+from yogacache.read.plans import EpochPlan, Point, StridedPlan
+from yogacache.read.shuffle import GlobalMode, ShuffleMode, shuffle_mode
+
+__all__ = [
+    "MIXTURE_MODE",
+    "STOPPING_RULES",
+    "MixedOrder",
+    "MixtureMode",
+    "MixtureSchedule",
+    "MixtureState",
+    "Share",
+    "apportion",
+    "check_weights",
+    "is_mixture_state",
+    "mixture_counts",
+]
+
+MIXTURE_MODE = "mixture"
+STOPPING_RULES = ("first_exhausted", "all_exhausted")
+MIXTURE_STATE_VERSION = 1
+
+
+# -- how many records of each component an epoch reads -----------------------------------------
+
+
+@dataclass(frozen=True)
+class Share:
+    """What a component takes of each epoch: a relative ``weight``, or absolutely ``repeat``
+    passes over it or ``samples`` records (at most one of the three; none: weight 1, or repeat
+    1 in a mixture of absolute shares)."""
+
+    weight: Optional[float] = None
+    repeat: Optional[float] = None
+    samples: Optional[int] = None
+
+    def __post_init__(self) -> None:
+        given = [name for name in ("weight", "repeat", "samples") if getattr(self, name) is not None]
+        if len(given) > 1:
+            raise ValueError(f"a mixture component takes one of weight, repeat and samples, got {' and '.join(given)}")
+        for name in ("weight", "repeat"):
+            value = getattr(self, name)
+            if value is not None:
+                object.__setattr__(self, name, _finite(value, name))
+        if self.samples is not None:
+            samples = as_int(self.samples, "samples")
+            if samples < 0:
+                raise ValueError(f"samples must not be negative, got {samples}")
+            object.__setattr__(self, "samples", samples)
+
+    @property
+    def absolute(self) -> bool:
+        return self.repeat is not None or self.samples is not None
+
+
+def _finite(value: Any, name: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise TypeError(f"{name} must be a number, got {type(value).__name__}")
+    number = float(value)
+    if not math.isfinite(number) or number < 0:
+        raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+    return number
+
+
+def apportion(total: int, weights: Sequence[float]) -> np.ndarray:
+    """``total`` split in proportion to ``weights`` by largest remainders (ties to the earlier
+    component): each share is ``floor`` or ``ceil`` of its quota, and they add up to ``total``."""
+    w = np.asarray(weights, dtype=np.float64)
+    quotas = w / w.sum() * total
+    counts = np.floor(quotas).astype(np.int64)
+    short = int(total - counts.sum())
+    if short > 0:
+        remainders = quotas - counts
+        order = np.lexsort((np.arange(len(w)), -remainders))  # largest remainder, then index
+        counts[order[:short]] += 1
+    return counts
+
+
+def mixture_counts(
+    sizes: Sequence[int],
+    shares: Sequence[Share],
+    epoch_size: Optional[int] = None,
+    stopping: Optional[str] = None,
+) -> tuple[int, ...]:
+    """Records of each component in every epoch (see the module), checked: one line naming
+    what is wrong otherwise."""
+    sizes = [as_int(size, "component size") for size in sizes]
+    if len(shares) != len(sizes):
+        raise ValueError(f"a mixture of {len(sizes)} components got {len(shares)} shares")
+    if not sizes:
+        raise ValueError("a mixture needs at least one component")
+    empty = [i for i, size in enumerate(sizes) if size == 0]
+    if empty:
+        raise ValueError(f"mixture component {empty[0]} has no records: leave it out")
+    if stopping is not None and stopping not in STOPPING_RULES:
+        raise ValueError(f"stopping must be one of {STOPPING_RULES} or None, got {stopping!r}")
+    absolute = [share.absolute for share in shares]
+    if any(absolute):
+        weighted = [i for i, share in enumerate(shares) if share.weight is not None]
+        if weighted:
+            raise ValueError(
+                f"mixture component {weighted[0]} has a weight and others repeat or samples: give "
+                "every component a weight (shares of epoch_size) or none (absolute counts)"
+            )
+        if epoch_size is not None or stopping is not None:
+            what = "epoch_size" if epoch_size is not None else f"stopping={stopping!r}"
+            raise ValueError(
+                f"{what} applies to weights; repeat and samples set each component's records per "
+                "epoch themselves"
+            )
+        counts = []
+        for size, share in zip(sizes, shares):
+            if share.samples is not None:
+                counts.append(share.samples)
+            else:
+                repeat = 1.0 if share.repeat is None else share.repeat
+                counts.append(int(math.floor(repeat * size + 0.5)))
+        if sum(counts) == 0:
+            raise ValueError("every mixture component takes 0 records per epoch: raise a repeat or samples")
+        return tuple(counts)
+    weights = np.array([1.0 if share.weight is None else share.weight for share in shares])
+    if weights.sum() <= 0:
+        raise ValueError("mixture weights are all zero: at least one must be positive")
+    p = weights / weights.sum()
+    if stopping is not None and epoch_size is not None:
+        raise ValueError(f"pass epoch_size or stopping={stopping!r}, not both: the stopping rule sets the epoch size")
+    if stopping == "first_exhausted":
+        positive = p > 0
+        total = int(math.floor(min(np.asarray(sizes)[positive] / p[positive]) * (1 + 1e-12)))
+        counts = apportion(total, p)
+        while np.any(counts > np.asarray(sizes)):  # float rounding: one record too many
+            total -= 1
+            counts = apportion(total, p)
+    elif stopping == "all_exhausted":
+        positive = p > 0
+        total = int(math.ceil(max(np.asarray(sizes)[positive] / p[positive]) * (1 - 1e-12)))
+        counts = apportion(total, p)
+        while np.any((counts < np.asarray(sizes)) & positive):
+            total += 1
+            counts = apportion(total, p)
+    else:
+        total = sum(sizes) if epoch_size is None else as_int(epoch_size, "epoch_size")
+        if total < 1:
+            raise ValueError(f"epoch_size must be at least 1, got {total}")
+        counts = apportion(total, p)
+    return tuple(int(count) for count in counts)
+
+
+def check_weights(weights: Any, components: int) -> list[float]:
+    """A ``weights=`` list, checked against the number of components."""
+    if isinstance(weights, (str, bytes, Mapping)) or not hasattr(weights, "__len__"):
+        raise TypeError(f"weights must be a list of numbers, got {type(weights).__name__}")
+    if len(weights) != components:
+        raise ValueError(f"weights has {len(weights)} entries for {components} mixture components")
+    checked = [_finite(weight, f"weights[{i}]") for i, weight in enumerate(weights)]
+    if not any(checked):
+        raise ValueError("mixture weights are all zero: at least one must be positive")
+    return checked
+
+
+# -- the mixed order of an epoch -------------------------------------------------------------------
+
+_KEY_SCALE = 1.0 / float(1 << 53)
+
+
+def _stable_seed(*labels: object) -> int:
+    digest = hashlib.blake2b(":".join(map(str, labels)).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") & ((1 << 62) - 1)
+
+
+class MixedOrder:
+    """The records of every epoch of a mixture, in order: which component each position of the
+    epoch reads (the interleaving) and which of its records (its passes).
+
+    ``passes[i]`` is component ``i``'s own order over its ``sizes[i]`` records (a shuffle mode of
+    one shard: pass ``q`` is its plan of epoch ``q``); component ``i``'s records are ``offsets[i]``
+    on in the mixture's index space (its components one after the other).
+    """
+
+    def __init__(
+        self,
+        sizes: Sequence[int],
+        counts: Sequence[int],
+        passes: Sequence[ShuffleMode],
+        *,
+        seed: Optional[int],
+        shuffle: bool,
+        reshuffle_each_epoch: bool,
+    ) -> None:
+        self.sizes = np.asarray(sizes, dtype=np.int64)
+        self.counts = np.asarray(counts, dtype=np.int64)
+        self.offsets = np.concatenate([[0], np.cumsum(self.sizes)[:-1]]).astype(np.int64)
+        self.draw_starts = np.concatenate([[0], np.cumsum(self.counts)[:-1]]).astype(np.int64)
+        self.epoch_size = int(self.counts.sum())
+        self.passes = list(passes)
+        self.seed = seed
+        self.shuffle = shuffle
+        self.reshuffle_each_epoch = reshuffle_each_epoch
+        self._slots: dict[int, np.ndarray] = {}  # the latest epochs' interleavings
+        self._plans: dict[tuple[int, int], EpochPlan] = {}  # the latest passes' plans
+        self._lock = threading.Lock()
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state.update(_slots={}, _plans={}, _lock=None)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+
+    def slots(self, epoch: int) -> np.ndarray:
+        """Epoch ``epoch``'s draws in order: entry ``j`` is the draw the epoch reads at position
+        ``j``, numbered across components (component ``i``'s ``k``-th draw of the epoch is
+        ``draw_starts[i] + k``). Computed once per epoch (O(E log E)), kept for two epochs."""
+        with self._lock:
+            found = self._slots.get(epoch)
+        if found is not None:
+            return found
+        key_epoch = epoch if self.reshuffle_each_epoch else 0
+        keys = np.empty(self.epoch_size, dtype=np.float64)
+        for i, count in enumerate(self.counts.tolist()):
+            if count == 0:
+                continue
+            start = int(self.draws_start(i))
+            k = np.arange(count, dtype=np.int64)
+            if self.shuffle and self.seed is not None:
+                base = np.uint64(_stable_seed("yogacache.mixture/v1", self.seed, key_epoch, i))
+                jitter = (_mix(k.astype(np.uint64) ^ base) >> np.uint64(11)).astype(np.float64) * _KEY_SCALE
+            else:
+                jitter = np.full(count, 0.5)
+            keys[start : start + count] = (k + jitter) / count
+        order = np.argsort(keys, kind="stable")
+        order = order.astype(np.int32 if self.epoch_size < 2**31 else np.int64)
+        order.setflags(write=False)
+        with self._lock:
+            while len(self._slots) >= 2:
+                del self._slots[min(self._slots)]
+            self._slots[epoch] = order
+        return order
+
+    def draws_start(self, component: int) -> int:
+        return int(self.draw_starts[component])
+
+    def component_of(self, draws: np.ndarray) -> np.ndarray:
+        return np.searchsorted(self.draw_starts, draws, side="right") - 1
+
+    def _pass_plan(self, component: int, number: int) -> EpochPlan:
+        key = (component, number)
+        with self._lock:
+            plan = self._plans.get(key)
+        if plan is None:
+            plan = self.passes[component].plan(number, 0)
+            with self._lock:
+                mine = [k for k in self._plans if k[0] == component]
+                while len(mine) >= 2:
+                    del self._plans[mine.pop(0)]
+                self._plans[key] = plan
+        return plan
+
+    def component_records(self, component: int, epoch: int, draws: np.ndarray) -> np.ndarray:
+        """The records (component-local indices) of component ``component``'s draws ``draws``
+        (numbered within the epoch) in epoch ``epoch``."""
+        size = int(self.sizes[component])
+        total = np.int64(epoch) * self.counts[component] + draws.astype(np.int64)
+        numbers, positions = np.divmod(total, size)
+        if len(numbers) == 0:
+            return np.empty(0, dtype=np.int64)
+        if numbers.min() == numbers.max():
+            return self._pass_plan(component, int(numbers[0])).take(positions)
+        out = np.empty(len(total), dtype=np.int64)
+        for number in np.unique(numbers).tolist():
+            where = numbers == number
+            out[where] = self._pass_plan(component, number).take(positions[where])
+        return out
+
+    def records(self, epoch: int, positions: np.ndarray) -> np.ndarray:
+        """The mixture's record indices at epoch positions ``positions``."""
+        draws = self.slots(epoch)[np.asarray(positions, dtype=np.int64)].astype(np.int64)
+        component = self.component_of(draws)
+        if len(self.sizes) == 1:
+            return self.component_records(0, epoch, draws)
+        out = np.empty(len(draws), dtype=np.int64)
+        for i in np.unique(component).tolist():
+            where = component == i
+            out[where] = self.offsets[i] + self.component_records(i, epoch, draws[where] - self.draw_starts[i])
+        return out
+
+    def draws_before(self, epoch: int, position: int) -> np.ndarray:
+        """How many draws of each component epoch positions ``[0, position)`` hold."""
+        if position <= 0:
+            return np.zeros(len(self.sizes), dtype=np.int64)
+        component = self.component_of(self.slots(epoch)[:position].astype(np.int64))
+        return np.bincount(component, minlength=len(self.sizes)).astype(np.int64)
+
+
+@dataclass(frozen=True)
+class MixturePlan(StridedPlan):
+    """Plan positions ``j`` are epoch positions ``first + j·step`` of the mixed order."""
+
+    epoch: int
+    first: int
+    step: int
+    length: int
+    order: MixedOrder
+
+    def _records(self, line: np.ndarray) -> np.ndarray:
+        return self.order.records(self.epoch, line)
+
+
+class MixtureMode(GlobalMode):
+    """The mixed order dealt out to the ranks as global mode deals a permutation: positions
+    count the epoch's records consumed by all ranks together (see the module)."""
+
+    name = MIXTURE_MODE
+
+    def __init__(self, order: MixedOrder, options: Any) -> None:
+        super().__init__(order.epoch_size, options)
+        self.mixed = order
+
+    @classmethod
+    def check(cls, options: Any) -> None:
+        return None
+
+    def plan(self, epoch: int, position: int) -> EpochPlan:
+        first, length = self._segment(position)
+        return MixturePlan(epoch, first, self.options.num_shards, length, self.mixed)
+
+
+# -- resume states ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class MixtureState:
+    """A mixture's resume state: where the epoch stands (``epoch``, ``consumed`` by all ranks)
+    and what it mixed, so that resuming another mixture is refused, naming what changed."""
+
+    epoch: int
+    consumed: int
+    seed: Optional[int]
+    order: str
+    components: tuple[tuple[str, int, int], ...]  # (name, records, records per epoch)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "version": MIXTURE_STATE_VERSION,
+            "mode": MIXTURE_MODE,
+            "epoch": self.epoch,
+            "consumed": self.consumed,
+            "seed": self.seed,
+            "order": self.order,
+            "num_records": sum(count for _, _, count in self.components),
+            "components": [list(each) for each in self.components],
+        }
+
+    @classmethod
+    def from_dict(cls, state: Mapping[str, Any]) -> MixtureState:
+        if not isinstance(state, Mapping):
+            raise TypeError(f"a resume state is a dict, not {type(state).__name__}")
+        if state.get("mode") != MIXTURE_MODE:
+            raise ValueError(
+                f"the resume state is for one cache (shuffle_mode={state.get('mode')!r}), not a mixture"
+            )
+        if state.get("version", MIXTURE_STATE_VERSION) != MIXTURE_STATE_VERSION:
+            raise ValueError(f"mixture resume state version {state.get('version')!r} is not {MIXTURE_STATE_VERSION}")
+        known = {"version", "mode", "epoch", "consumed", "seed", "order", "num_records", "components"}
+        unknown = sorted(set(state) - known)
+        if unknown:
+            raise ValueError(f"mixture resume state has unknown keys {unknown}")
+        try:
+            epoch = as_int(state["epoch"], "resume state epoch")
+            consumed = as_int(state["consumed"], "resume state consumed")
+            raw = state["components"]
+            order = state["order"]
+        except KeyError as error:
+            raise ValueError(f"mixture resume state lacks {error.args[0]!r}") from None
+        if epoch < 0 or consumed < 0:
+            raise ValueError(f"mixture resume state fields must not be negative: epoch {epoch}, consumed {consumed}")
+        if not isinstance(order, str):
+            raise ValueError(f"mixture resume state order must be a shuffle mode name, got {order!r}")
+        try:
+            components = tuple((str(name), as_int(records, "records"), as_int(count, "count")) for name, records, count in raw)
+        except (TypeError, ValueError):
+            raise ValueError("mixture resume state components must be [name, records, records per epoch] lists") from None
+        seed = state.get("seed")
+        return cls(epoch, consumed, None if seed is None else as_int(seed, "resume state seed"), order, components)
+
+
+def is_mixture_state(state: Any) -> bool:
+    return isinstance(state, Mapping) and state.get("mode") == MIXTURE_MODE
+
+
+# -- the schedule ----------------------------------------------------------------------------------
+
+
+def _pass_options(options: Any, component: int) -> Any:
+    """The options of component ``component``'s own order: one shard, a seed of its own."""
+    seed = options.shuffle_seed
+    return dataclasses.replace(
+        options,
+        shard_rank=0,
+        num_shards=1,
+        drop_shard_remainder=False,
+        start_offset=0,
+        resume_state=None,
+        shuffle_seed=None if seed is None else _stable_seed("yogacache.mixture.pass/v1", seed, component) % (2**31),
+    )
+
+
+class MixtureSchedule:
+    """The read order of one rank over a mixture (the ``ReadSchedule`` of a ``MixtureReader``).
+
+    ``names``, ``sizes`` and ``layouts`` describe the components, ``counts`` their records per
+    epoch (``mixture_counts``); ``options.shuffle_mode`` is each component's own order.
+    """
+
+    def __init__(
+        self,
+        names: Sequence[str],
+        sizes: Sequence[int],
+        counts: Sequence[int],
+        layouts: Sequence[PartLayout],
+        options: Any,
+        *,
+        budget_bytes: Optional[int] = None,
+    ) -> None:
+        self.names = tuple(names)
+        self.options = options
+        self.layouts = list(layouts)
+        passes = [
+            shuffle_mode(options.shuffle_mode).with_layout(size, _pass_options(options, i), layout)
+            for i, (size, layout) in enumerate(zip(sizes, layouts))
+        ]
+        self.mixed = MixedOrder(
+            sizes,
+            counts,
+            passes,
+            seed=options.shuffle_seed,
+            shuffle=options.shuffle,
+            reshuffle_each_epoch=options.reshuffle_each_epoch,
+        )
+        self.order = MixtureMode(self.mixed, options)
+        self.part_bases = np.concatenate([[0], np.cumsum([layout.num_parts for layout in layouts])[:-1]])
+        self.fit_budget(budget_bytes)
+        self.start: Point
+        if options.resume_state is not None:
+            self.start = self.resume_point(options.resume_state)
+        else:
+            self.start = self.order.start(options.start_offset)
+
+    def fit_budget(self, budget_bytes: Optional[int]) -> None:
+        """Fits each component's order to its share of a streamed mixture's byte budget: shares
+        in proportion to the bytes each reads per epoch."""
+        if budget_bytes is None:
+            return
+        mixed = self.mixed
+        rates = np.array(
+            [layout.num_bytes * count / max(1, size) for layout, count, size in zip(self.layouts, mixed.counts, mixed.sizes)],
+            dtype=np.float64,
+        )
+        shares = rates / rates.sum() if rates.sum() > 0 else np.full(len(rates), 1 / len(rates))
+        for mode, share in zip(mixed.passes, shares.tolist()):
+            mode.fit_budget(max(1, int(budget_bytes * share)))
+
+    @property
+    def mode(self) -> str:
+        return MIXTURE_MODE
+
+    @property
+    def num_records(self) -> int:
+        return self.mixed.epoch_size
+
+    @property
+    def counts(self) -> tuple[int, ...]:
+        return tuple(int(count) for count in self.mixed.counts)
+
+    def __len__(self) -> int:
+        return len(self.order)
+
+    def remaining(self, position: int) -> int:
+        return self.order.remaining(position)
+
+    def plan(self, epoch: int, position: int = 0) -> EpochPlan:
+        return self.order.plan(epoch, position)
+
+    def advance(self, point: Point, records: int) -> Point:
+        return self.order.advance(point, records)
+
+    def parts_needed(self, epoch: int, position: int = 0) -> list[PartUse]:
+        """The parts (numbered across components: ``part_bases``) this rank reads of ``epoch``
+        from ``position`` on, in order of first use, from each component's own order:
+        O(parts) where the components' orders are ``"parts"``. A part's plan positions are
+        estimated from where the stratified interleaving puts its draws."""
+        mixed = self.mixed
+        shards = self.options.num_shards
+        before = mixed.draws_before(epoch, position) if position else np.zeros(len(mixed.sizes), dtype=np.int64)
+        uses: dict[int, tuple[int, int]] = {}
+        for i, (size, count) in enumerate(zip(mixed.sizes.tolist(), mixed.counts.tolist())):
+            if count == 0:
+                continue
+            begin, end = epoch * count + int(before[i]), (epoch + 1) * count
+            scale = mixed.epoch_size / count
+
+            def at(draw: int) -> int:
+                slot = (draw - epoch * count + 0.5) * scale
+                return max(0, int((slot - position) // shards))
+
+            for number in range(begin // size, (end - 1) // size + 1):
+                low, high = max(begin - number * size, 0), min(end - number * size, size)
+                for use in mixed.passes[i].parts_needed(number, low):
+                    first = low + use.first
+                    if first >= high:
+                        continue
+                    last = min(low + use.last, high - 1)
+                    part = int(self.part_bases[i]) + use.part
+                    span = (at(number * size + first), at(number * size + last))
+                    seen = uses.get(part)
+                    uses[part] = span if seen is None else (min(seen[0], span[0]), max(seen[1], span[1]))
+        return sorted((PartUse(part, first, last) for part, (first, last) in uses.items()), key=lambda use: use.first)
+
+    def state(self, point: Point, records: int = 0) -> dict[str, Any]:
+        epoch, position = self.advance(point, records)
+        return MixtureState(
+            epoch,
+            position,
+            self.options.shuffle_seed,
+            self.options.shuffle_mode,
+            tuple(zip(self.names, self.mixed.sizes.tolist(), self.counts)),
+        ).to_dict()
+
+    def resume_point(self, resume_state: Mapping[str, Any]) -> Point:
+        """The point a mixture's resume state names, refused (naming what changed) unless it was
+        taken of this mixture: the same components, versions, counts, seed and order."""
+        state = MixtureState.from_dict(resume_state)
+        ours = tuple(zip(self.names, self.mixed.sizes.tolist(), self.counts))
+        if len(state.components) != len(ours):
+            raise ValueError(
+                f"the resume state is of a mixture of {len(state.components)} components, this one has {len(ours)}"
+            )
+        for i, ((name, records, count), (now, size, share)) in enumerate(zip(state.components, ours)):
+            if name != now:
+                raise ValueError(
+                    f"mixture component {i} changed since the checkpoint: it was {name}, it is {now}; "
+                    "resume with the components the state was taken with"
+                )
+            if records != size:
+                raise ValueError(
+                    f"mixture component {i} ({now}) changed since the checkpoint: it had {records} records, it has {size}"
+                )
+            if count != share:
+                raise ValueError(
+                    f"mixture component {i} ({now}) took {count} records per epoch when the state was taken, "
+                    f"it takes {share} now: resume with the same weights and epoch size"
+                )
+        if state.order != self.options.shuffle_mode:
+            raise ValueError(
+                f"the resume state is for shuffle_mode={state.order!r}, this mixture uses {self.options.shuffle_mode!r}"
+            )
+        if self.options.shuffle and state.seed != self.options.shuffle_seed:
+            raise ValueError(
+                f"the resume state was taken with seed {state.seed}, this mixture uses {self.options.shuffle_seed}"
+            )
+        if state.consumed > self.num_records:
+            raise ValueError(f"the resume state consumed {state.consumed} records of an epoch of {self.num_records}")
+        from yogacache.read.shuffle import ResumeState
+
+        point = ResumeState(MIXTURE_MODE, state.epoch, state.consumed, state.seed, self.num_records)
+        return GlobalMode.resume_point(self.order, point)
