@@ -124,8 +124,8 @@ def main(argv: Optional[list[str]] = None) -> None:
     parser.add_argument("--read-records", type=int, default=16, help="records per read")
     args = parser.parse_args(argv)
     read = args.read_records
-    pipeline.ReadSizes.for_manifest = classmethod(  # type: ignore[method-assign, assignment]
-        lambda cls, manifest: cls(full=read, first=read)
+    pipeline.ReadSizes.for_records = classmethod(  # type: ignore[method-assign, assignment]
+        lambda cls, *cache: cls(full=read, first=read)
     )
 
     downloads = Downloads()

@@ -79,8 +79,8 @@ def downloads(monkeypatch: pytest.MonkeyPatch) -> Iterator[Downloads]:
     # Reads of a few records, far fewer than a part holds, as with real records (100 KiB
     # images: reads of 81, parts of thousands): a read of 1 KiB records would otherwise take
     # 1,024 records, the whole test epoch, touching each part once whatever the order.
-    sizes = classmethod(lambda cls, manifest: cls(full=READ, first=READ))
-    monkeypatch.setattr(pipeline.ReadSizes, "for_manifest", sizes)
+    sizes = classmethod(lambda cls, *cache: cls(full=READ, first=READ))
+    monkeypatch.setattr(pipeline.ReadSizes, "for_records", sizes)
     yield counter
 
 

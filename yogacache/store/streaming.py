@@ -120,6 +120,12 @@ class StreamingParts:
         self._fetched = 0  # parts downloaded since this epoch's order was announced
         self._warned = False
         self._held: dict[int, int] = {}
+        # The pace: seconds a part's download takes, and seconds between the reader's steps to
+        # a new part (moving averages; None until measured). See ``_ahead_count``.
+        self._fetch_seconds: Optional[float] = None
+        self._step_seconds: Optional[float] = None
+        self._last_step: Optional[tuple[int, float]] = None  # (position, when) of the last step
+        self._waited = 0.0  # seconds the reader waited for parts since its last step
         # Set by ``close``: the fetches ahead submitted until then stop (retries included).
         self._stopping = threading.Event()
 
@@ -149,6 +155,10 @@ class StreamingParts:
             self._objects = self._objects_factory()
         return self._objects
 
+    @property
+    def _largest_part(self) -> int:
+        return max((part.size_bytes for part in self.manifest.parts), default=0)
+
     def path(self, index: int) -> Path:
         return self.directory / self.file_names[index]
 
@@ -166,7 +176,9 @@ class StreamingParts:
         with self._lock:
             self._held[index] = self._held.get(index, 0) + 1
             self._reading.advance(index)
+            self._note_step()
             ahead = self._ahead.get(index)
+        began = time.monotonic()
         try:
             if ahead is not None:
                 try:
@@ -177,6 +189,9 @@ class StreamingParts:
         except BaseException:
             self.release(index)
             raise
+        finally:
+            with self._lock:
+                self._waited += time.monotonic() - began
         self._announce()
         self._fetch_ahead()
         return self.path(index)
@@ -234,17 +249,40 @@ class StreamingParts:
         upcoming = needed[: budget.UPCOMING_LIMIT]
         budget.process_lease(self.root).announce(self._key, [self.item(index) for index in upcoming], now)
 
+    def _note_step(self) -> None:
+        """Measures the reader's pace: the seconds it reads per part of its order, from one
+        step forward in the order to the next, less the time it waited for parts (the caller
+        holds the lock). Parts read back and forth within a window are no steps."""
+        now, position = time.monotonic(), self._reading.position
+        last = self._last_step
+        if last is not None and position <= last[0]:
+            if position < last[0]:  # a new order: start again
+                self._last_step, self._waited = (position, now), 0.0
+            return
+        self._last_step = (position, now)
+        if last is not None:
+            reading = max(0.0, now - last[1] - self._waited)
+            self._step_seconds = _averaged(self._step_seconds, reading / (position - last[0]))
+        self._waited = 0.0
+
     def _ahead_count(self) -> int:
         """Parts fetched ahead: without a budget, up to ``MAX_AHEAD`` (``transfer_threads`` at
         a time). Under a budget of ``n`` parts, two where ``n >= 5`` (else one): the link carries
         the next part while the one before is checked and synced (one at a time left it idle
         that long: 0.63x of a 50 MB/s link against 0.88x), and the part the reader needs next
-        shares the link with one other only (three at once bring it a third as fast)."""
+        shares the link with one other only (three at once bring it a third as fast).
+
+        More where the store is slow for the reader's pace (``pace_ahead``): a part that takes
+        four steps of the reader to download is fetched four parts ahead, so a mixture's
+        component published in another region keeps up with the others (up to what the
+        budget holds: half its parts, and the transfer threads)."""
         if self.limit is None:
             return MAX_AHEAD
         largest = max(part.size_bytes for part in self.manifest.parts)
         fits = self.limit // max(1, largest)
-        return max(1, min(BUDGET_AHEAD, self.transfer_threads, (fits - 1) // 2))
+        base = max(1, min(BUDGET_AHEAD, self.transfer_threads, (fits - 1) // 2))
+        paced = pace_ahead(self._fetch_seconds, self._step_seconds)
+        return max(base, min(paced, self.transfer_threads, fits // 2))
 
     def _fetch_ahead(self) -> None:
         """Starts fetches of the next parts of the announced order (not yet on the node): this
@@ -309,7 +347,11 @@ class StreamingParts:
             temp = self._reserve(index, on_demand=on_demand, distance=distance)
             if temp is None:
                 return  # no room to fetch ahead now; the reader fetches it when it gets there
+            began = time.monotonic()
             self._download(index, temp, stopping)
+            seconds = (time.monotonic() - began) * max(1, self._largest_part) / max(1, part.size_bytes)
+            with self._lock:
+                self._fetch_seconds = _averaged(self._fetch_seconds, seconds)
             fsync_path(self.directory)
             self._count_fetch()
             try:
@@ -436,6 +478,19 @@ class StreamingParts:
             f"{url} is missing although its manifest is published (deleted from the bucket?); "
             "publish the cache again"
         )
+
+
+def _averaged(average: Optional[float], sample: float, weight: float = 0.3) -> float:
+    """An exponential moving average (the first sample starts it)."""
+    return sample if average is None else (1 - weight) * average + weight * sample
+
+
+def pace_ahead(fetch_seconds: Optional[float], step_seconds: Optional[float]) -> int:
+    """Parts to fetch ahead so that downloads keep up with the reader: a part's download time
+    over the time the reader spends per part, rounded up (0 until both are measured)."""
+    if fetch_seconds is None or step_seconds is None:
+        return 0
+    return min(MAX_AHEAD, math.ceil(fetch_seconds / max(step_seconds, 1e-3)))
 
 
 def remove_streamed_parts(root: Path, dataset_id: str, dataset_version: str) -> list[str]:
