@@ -8,6 +8,9 @@ code the same decorators with the semantics of the last release that shipped the
     @yogacache.determined.data_layer(self.context).cache_train_dataset("mnist", "v1", shuffle=True)
     def make_dataset(): ...
 
+A trial reads a mixture of caches (``yogacache.Mixture``, docs/mixtures.md) the same way, with
+the same rank, seed, resume point and batching: ``train_mixture`` / ``validation_mixture``.
+
 ``context`` is a Core API context (``det.core.init()``), a ``PyTorchTrialContext`` or a
 ``TFKerasTrialContext`` (any ``det.TrialContext``). From it come:
 
@@ -33,7 +36,7 @@ import logging
 import sys
 import weakref
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping, Optional, Union
+from typing import Any, Callable, Iterator, Mapping, Optional, Sequence, Union
 
 try:
     import determined as det
@@ -47,6 +50,7 @@ from yogacache.arguments import as_int
 from yogacache.config import SharedFSConfig, StorageConfig, parse_config
 from yogacache.datalayer import RETURNS, TRAIN_SUFFIX, VALIDATION_SUFFIX, DataLayer
 from yogacache.errors import ConfigError, YogaCacheError
+from yogacache.mixture import Mixture
 from yogacache.names import validate_name
 
 __all__ = [
@@ -249,12 +253,13 @@ def storage_from_data_layer(section: Mapping[str, Any]) -> StorageConfig:
     )
 
 
-# Decorators each trial has used: context -> {"train" | "validation": (dataset_id, version, shuffle)}.
+# What each trial has read: context -> {"train" | "validation": ((what, shuffle), method, what)}.
 _USED: weakref.WeakKeyDictionary[Any, dict[str, tuple[Any, ...]]] = weakref.WeakKeyDictionary()
 
 
 class DeterminedDataLayer:
-    """``cache_train_dataset`` / ``cache_validation_dataset`` for one Determined trial.
+    """``cache_train_dataset`` / ``cache_validation_dataset`` (or ``train_mixture`` /
+    ``validation_mixture``) for one Determined trial.
 
     Build it with ``yogacache.determined.data_layer(context)``. The storage is opened when a
     decorator is first used, so a trial that never caches creates no directory.
@@ -343,17 +348,20 @@ class DeterminedDataLayer:
             )
         return self._layer
 
-    def _use(self, kind: str, key: tuple[Any, ...], allow_same: bool) -> None:
+    def _use(self, kind: str, key: tuple[Any, ...], method: str, what: str, allow_same: bool) -> None:
+        """Counts one read of the trial's training (``kind`` "train") or validation data: once
+        per trial, as Determined's data layer allowed (the training resume point is one
+        dataset's); validation again with the same ``key`` is allowed."""
         used = _USED.setdefault(self._context, {})
         previous = used.get(kind)
-        if previous is not None and not (allow_same and previous == key):
-            name = f"cache_{kind}_dataset" if kind == "train" else "cache_validation_dataset"
+        if previous is not None and not (allow_same and previous[0] == key):
             raise DecoratorReusedError(
-                f"{name} was already used in this trial (for {previous[0]}:{previous[1]}); use "
-                "cache_train_dataset and cache_validation_dataset once each per trial, in "
-                "build_training_data_loader and build_validation_data_loader"
+                f"{previous[1]} was already used in this trial (for {previous[2]}); read one training "
+                "and one validation dataset per trial (cache_train_dataset or train_mixture, "
+                "cache_validation_dataset or validation_mixture), in build_training_data_loader "
+                "and build_validation_data_loader"
             )
-        used[kind] = key
+        used[kind] = (key, method, what)
 
     def cache_train_dataset(
         self,
@@ -380,15 +388,31 @@ class DeterminedDataLayer:
             dataset_id, dataset_version, shuffle, skip_shuffle_at_epoch_end, returns=returns, **options,
         )
         # Counted once the arguments are known good: a call that failed may be corrected.
-        self._use("train", (dataset_id, dataset_version + TRAIN_SUFFIX, shuffle), allow_same=False)
+        what = f"{dataset_id}:{dataset_version}{TRAIN_SUFFIX}"
+        self._use("train", (what, shuffle), "cache_train_dataset", what, allow_same=False)
         return decorator if returns != "torch" else self._batched_like_the_trial(decorator)
 
     def _batched_like_the_trial(
         self, decorator: Callable[[Callable[..., Any]], Callable[..., Any]]
     ) -> Callable[..., Any]:
-        """``decorator``, whose torch dataset deals records to DataLoader workers in blocks of the
-        per-slot batch size (so that every batch holds the records the trial's order puts in it,
-        with or without workers) and resumes after ``steps_completed`` whole batches.
+        """``decorator``, whose torch dataset is read as the trial reads (``_like_the_trial``)."""
+
+        def batched(make_dataset: Callable[..., Any]) -> Callable[..., Any]:
+            cached = decorator(make_dataset)
+
+            @functools.wraps(cached)
+            def dataset(*args: Any, **kwargs: Any) -> Any:
+                return self._like_the_trial(cached(*args, **kwargs))
+
+            return dataset
+
+        return batched
+
+    def _like_the_trial(self, dataset: Any) -> Any:
+        """``dataset`` (a ``CacheIterableDataset`` of this trial's training data), dealing records
+        to DataLoader workers in blocks of the per-slot batch size (so that every batch holds the
+        records the trial's order puts in it, with or without workers) and resuming after
+        ``steps_completed`` whole batches.
 
         A PyTorch trial's DataLoader batches each epoch separately (its last batch short), so
         the records already trained on are not ``steps_completed x batch size`` once an epoch
@@ -397,22 +421,11 @@ class DeterminedDataLayer:
         ``batch``), so there the record offset is exact.
         """
         steps, batch_size = self.facts.steps_completed, self.facts.per_slot_batch_size
-
-        def batched(make_dataset: Callable[..., Any]) -> Callable[..., Any]:
-            cached = decorator(make_dataset)
-
-            @functools.wraps(cached)
-            def dataset(*args: Any, **kwargs: Any) -> Any:
-                result = cached(*args, **kwargs)
-                if batch_size is not None and result.batch_size is None:
-                    result.batch_size = batch_size
-                if steps:
-                    result.skip_batches(steps, batch_size)
-                return result
-
-            return dataset
-
-        return batched
+        if batch_size is not None and dataset.batch_size is None:
+            dataset.batch_size = batch_size
+        if steps:
+            dataset.skip_batches(steps, batch_size)
+        return dataset
 
     def cache_validation_dataset(
         self, dataset_id: str, dataset_version: str, shuffle: bool = False, *, returns: Optional[str] = None
@@ -426,14 +439,78 @@ class DeterminedDataLayer:
         decorator = self.layer.cache_validation_dataset(
             dataset_id, dataset_version, shuffle, returns=returns or self.facts.returns
         )
-        self._use("validation", (dataset_id, dataset_version + VALIDATION_SUFFIX, shuffle), allow_same=True)
+        what = f"{dataset_id}:{dataset_version}{VALIDATION_SUFFIX}"
+        self._use("validation", (what, shuffle), "cache_validation_dataset", what, allow_same=True)
         return decorator
+
+    # -- mixtures ---------------------------------------------------------------------------
+    def mixture(
+        self,
+        components: Union[Sequence[Any], Mapping[str, Any]],
+        *,
+        weights: Optional[Sequence[float]] = None,
+        epoch_size: Optional[int] = None,
+        stopping: Optional[str] = None,
+    ) -> Mixture:
+        """A ``yogacache.Mixture`` of caches in the trial's storage (``DataLayer.mixture``):
+        ``(dataset_id, dataset_version)`` pairs of caches that exist there, ``Component``s,
+        decorated builders (what ``cache_dataset`` of ``self.layer`` returns), or a ``mixture:``
+        config section (e.g. from the experiment config's hyperparameters)."""
+        return self.layer.mixture(components, weights=weights, epoch_size=epoch_size, stopping=stopping)
+
+    def train_mixture(
+        self,
+        mixture: Mixture,
+        shuffle: bool = False,
+        skip_shuffle_at_epoch_end: bool = False,
+        *,
+        returns: Optional[str] = None,
+        **options: Any,
+    ) -> Any:
+        """This rank's share of ``mixture`` for training, read as ``cache_train_dataset`` reads
+        a cache: the trial's rank and shard count, shuffled with the trial seed, remainder
+        dropped, resumed after the batches already trained (a PyTorch trial's dataset skips
+        whole batches epoch by epoch and deals records to workers in per-slot batches; tf.data
+        and streams resume at ``steps_completed x per-slot batch size`` records). Ranks share
+        the mixed order (docs/mixtures.md). Once per trial, instead of ``cache_train_dataset``.
+
+        ``returns`` (default: "torch" in a PyTorch trial, else "tf") and further options
+        (``shuffle_mode``: each component's own order) are ``DataLayer.train_mixture``'s.
+        """
+        _check_mixture(mixture, "train_mixture")
+        returns = returns or self.facts.returns
+        result = self.layer.train_mixture(mixture, shuffle, skip_shuffle_at_epoch_end, returns=returns, **options)
+        what = _mixture_label(mixture)
+        self._use("train", (what, mixture.counts, shuffle), "train_mixture", what, allow_same=False)
+        return result if returns != "torch" else self._like_the_trial(result)
+
+    def validation_mixture(self, mixture: Mixture, shuffle: bool = False, *, returns: Optional[str] = None) -> Any:
+        """This rank's share of ``mixture`` for validation: from the start, the same order every
+        time (``DataLayer.validation_mixture``). Once per trial, instead of
+        ``cache_validation_dataset`` (again with the same mixture is allowed)."""
+        _check_mixture(mixture, "validation_mixture")
+        result = self.layer.validation_mixture(mixture, shuffle, returns=returns or self.facts.returns)
+        what = _mixture_label(mixture)
+        self._use("validation", (what, mixture.counts, shuffle), "validation_mixture", what, allow_same=True)
+        return result
+
+
+def _check_mixture(mixture: Any, method: str) -> None:
+    if not isinstance(mixture, Mixture):
+        raise TypeError(
+            f"{method} takes a yogacache.Mixture (data_layer(context).mixture([...])), got {type(mixture).__name__}"
+        )
+
+
+def _mixture_label(mixture: Mixture) -> str:
+    return f"mixture({', '.join(mixture.names)})"
 
 
 def data_layer(context: Any, **options: Any) -> DeterminedDataLayer:
     """The removed ``context.experimental``: ``cache_train_dataset`` and ``cache_validation_dataset``
-    for the trial of ``context``; ``options`` are ``DeterminedDataLayer``'s (``storage``,
-    ``per_slot_batch_size``, ``steps_completed``, ``seed``, ``returns``, ``DataLayer`` options)."""
+    (and ``mixture``, ``train_mixture``, ``validation_mixture``) for the trial of ``context``;
+    ``options`` are ``DeterminedDataLayer``'s (``storage``, ``per_slot_batch_size``,
+    ``steps_completed``, ``seed``, ``returns``, ``DataLayer`` options)."""
     return DeterminedDataLayer(context, **options)
 
 
