@@ -230,19 +230,7 @@ class DataLayer:
         ``workers=N`` builds a miss with N processes; ``build_shards=K`` makes the function a builder
         called as ``f(shard_index=i, num_shards=K)`` (see docs/parallel-build.md).
         """
-        unknown = sorted(set(read_arguments) - {"shuffle_mode", "skip_shuffle_end_of_epoch", *mode_keywords()})
-        if unknown:
-            raise TypeError(f"cache_train_dataset got unexpected keyword arguments {unknown}")
-        arguments = {
-            "start_offset": self.offset,
-            "resume_state": self.resume_state,
-            "shuffle": shuffle,
-            "skip_shuffle_at_epoch_end": skip_shuffle_flag(
-                skip_shuffle_at_epoch_end, read_arguments.pop("skip_shuffle_end_of_epoch", None)
-            ),
-            "drop_shard_remainder": True,
-            **read_arguments,
-        }
+        arguments = self._train_arguments("cache_train_dataset", shuffle, skip_shuffle_at_epoch_end, read_arguments)
         return self._decorate(dataset_id, dataset_version, TRAIN_SUFFIX, arguments, returns, workers, build_shards)
 
     def cache_validation_dataset(
@@ -324,10 +312,18 @@ class DataLayer:
         cache: shuffled with ``seed``, resumed at ``offset`` or ``resume_state`` (a mixture's),
         the remainder dropped, returned as ``returns`` says. ``shuffle_mode`` picks each
         component's own order (``"parts"`` for streamed caches)."""
+        arguments = self._train_arguments("train_mixture", shuffle, skip_shuffle_at_epoch_end, read_arguments)
+        return self._read_mixture(mixture, arguments, returns)
+
+    def _train_arguments(
+        self, caller: str, shuffle: bool, skip_shuffle_at_epoch_end: bool, read_arguments: dict[str, Any]
+    ) -> dict[str, Any]:
+        """The stream arguments of a training read: this layer's start point, the remainder
+        dropped, and the caller's shuffle and read arguments (checked)."""
         unknown = sorted(set(read_arguments) - {"shuffle_mode", "skip_shuffle_end_of_epoch", *mode_keywords()})
         if unknown:
-            raise TypeError(f"train_mixture got unexpected keyword arguments {unknown}")
-        arguments = {
+            raise TypeError(f"{caller} got unexpected keyword arguments {unknown}")
+        return {
             "start_offset": self.offset,
             "resume_state": self.resume_state,
             "shuffle": shuffle,
@@ -337,7 +333,6 @@ class DataLayer:
             "drop_shard_remainder": True,
             **read_arguments,
         }
-        return self._read_mixture(mixture, arguments, returns)
 
     def validation_mixture(self, mixture: Any, shuffle: bool = False, *, returns: str = "tf") -> Any:
         """This rank's share of a mixture for validation: from the start, the same order every

@@ -439,10 +439,13 @@ def is_mixture_state(state: Any) -> bool:
 
 
 def _pass_options(options: Any, component: int) -> Any:
-    """The options of component ``component``'s own order: one shard, a seed of its own."""
+    """The options of component ``component``'s own order: one shard (the mixture deals its
+    mixed order out to the ranks; ``ranks_per_node`` is for splitting parts among nodes, which
+    a mixture's passes do not), a seed of its own."""
     seed = options.shuffle_seed
     return dataclasses.replace(
         options,
+        settings={key: value for key, value in options.settings.items() if key != "ranks_per_node"},
         shard_rank=0,
         num_shards=1,
         drop_shard_remainder=False,
