@@ -335,9 +335,10 @@ class DataLayer:
         }
 
     def validation_mixture(self, mixture: Any, shuffle: bool = False, *, returns: str = "tf") -> Any:
-        """This rank's share of a mixture for validation: from the start, the same order every
-        epoch, as ``returns`` says."""
-        return self._read_mixture(mixture, {"shuffle": shuffle, "skip_shuffle_at_epoch_end": True}, returns)
+        """This rank's share of a mixture for validation: from the start, the same records in the
+        same order every epoch (``Mixture.for_evaluation``), as ``returns`` says."""
+        arguments = {"shuffle": shuffle, "skip_shuffle_at_epoch_end": True}
+        return self._read_mixture(mixture.for_evaluation(), arguments, returns)
 
     def _read_mixture(self, mixture: Any, arguments: Mapping[str, Any], returns: str) -> Any:
         if returns not in RETURNS:

@@ -11,6 +11,8 @@ cache. ``Mixture.from_config`` reads a ``mixture:`` section of a YAML config. Se
 
 from __future__ import annotations
 
+import copy
+import inspect
 import logging
 import os
 from dataclasses import dataclass
@@ -71,6 +73,15 @@ def open_component(source: Source) -> CacheReader:
     if isinstance(source, (str, os.PathLike)):
         return CacheReader(Path(source))
     if callable(source):
+        try:
+            inspect.signature(source).bind()
+        except TypeError:
+            raise TypeError(
+                f"mixture component {getattr(source, '__qualname__', source)!r} needs arguments: pass the "
+                "decorated builder (what @layer.cache_dataset(...) returns, called with none), not the decorator"
+            ) from None
+        except ValueError:  # no signature to check (a builtin): call it
+            pass
         made = source()
         if callable(made) and not hasattr(made, "reader"):
             raise TypeError(
@@ -174,6 +185,14 @@ class Mixture:
         from yogacache.dataref import _tf_structure
 
         return read_stream(self.reader, options, spec_converter=_tf_structure)  # type: ignore[arg-type]
+
+    def for_evaluation(self) -> Mixture:
+        """This mixture reading the same records every epoch (a downsampled component does not
+        rotate through its records): what validation reads, so that two evaluations score the
+        same data. Shares the caches with this one."""
+        same = copy.copy(self)
+        same.reader = MixtureReader(self.reader.readers, self.reader.counts, rotate=False)
+        return same
 
     def close(self) -> None:
         self.reader.close()

@@ -202,7 +202,10 @@ class EpochReader:
         per_epoch = records // batch_size if drop_last else -(-records // batch_size)
         if per_epoch == 0:  # an empty epoch (or one short batch dropped): nothing to skip
             return 0, 0
-        return batches // per_epoch, (batches % per_epoch) * batch_size
+        epoch, batch = divmod(batches, per_epoch)
+        # Moved on by records of this rank: a position counts all ranks' records in global
+        # order and in a mixture (``position_step``).
+        return self.schedule.advance((epoch, 0), batch * batch_size)
 
     # -- lengths ------------------------------------------------------------------------------
     def __len__(self) -> int:

@@ -7,8 +7,10 @@ epoch, exactly ``c_i`` records of component ``i`` (``mixture_counts``):
   records together, ``Σ n_i``) by largest remainders, so each count is within one record of
   ``weight_i / Σ weight · epoch_size``; or the stopping rules, as Hugging Face's
   ``interleave_datasets`` names them, set the epoch size from the weights: ``"first_exhausted"``
-  the largest epoch that takes no component past one pass, ``"all_exhausted"`` the smallest
-  that takes every component through at least one;
+  ``floor(min n_i / p_i)`` records (``p_i`` the normalized weights), which takes no component
+  past one pass and the limiting one exactly through, ``"all_exhausted"`` ``ceil(max n_i /
+  p_i)``, which takes every component through at least once (each adjusted by a record where
+  rounding needs it);
 - absolute counts: ``repeat`` passes over the component per epoch (``round(repeat · n_i)``
   records) or ``samples`` records per epoch.
 
@@ -16,12 +18,15 @@ Component ``i`` draws its records in passes: pass ``q`` is epoch ``q`` of the co
 order (``shuffle_mode`` with one shard: ``"global"``'s permutation, ``"parts"``'s window order,
 …), and epoch ``e`` takes draws ``e·c_i`` to ``(e+1)·c_i - 1``. A record is drawn once per pass;
 an upsampled component repeats whole passes, a downsampled one rotates through all its records
-across epochs before it repeats any.
+across epochs before it repeats any (the interleaving of ``skip_shuffle_at_epoch_end`` stays the
+same, the records rotate). A mixture read for evaluation (``rotate=False``,
+``Mixture.for_evaluation``) reads epoch 0's draws every epoch: the same records.
 
 The interleaving (``MixedOrder``) is stratified: draw ``k`` of component ``i`` gets the key
 ``(k + u) / c_i``, with ``u`` in ``[0, 1)`` a keyed hash of ``(seed, epoch, i, k)`` (``0.5``
 unshuffled), and the epoch reads the draws in key order. Every window of ``L`` records then holds
-``c_i / E · L`` records of component ``i`` give or take two, so every batch mixes every
+``c_i / E · L`` records of component ``i`` give or take two per other component (two in
+practice: 70/20/10 deviates by at most two in every window), so every batch mixes every
 component (never one stream after another), and the order is a function of the seed and the
 epoch alone: the same on every node for any world size. Ranks share the mixed order as global
 mode shares a permutation (``MixtureMode``): rank ``r`` of ``S`` reads positions ``c+r, c+r+S,
@@ -111,7 +116,9 @@ def apportion(total: int, weights: Sequence[float]) -> np.ndarray:
     """``total`` split in proportion to ``weights`` by largest remainders (ties to the earlier
     component): each share is ``floor`` or ``ceil`` of its quota, and they add up to ``total``."""
     w = np.asarray(weights, dtype=np.float64)
-    quotas = w / w.sum() * total
+    # Rounded, so that proportional weights tie where their quotas do (float noise decided
+    # which of two components with remainder 0.5 got the record) and floor never drops a whole.
+    quotas = np.round(w / w.sum() * total, 9)
     counts = np.floor(quotas).astype(np.int64)
     short = int(total - counts.sum())
     if short > 0:
@@ -231,8 +238,10 @@ class MixedOrder:
         seed: Optional[int],
         shuffle: bool,
         reshuffle_each_epoch: bool,
+        rotate: bool = True,
     ) -> None:
         self.sizes = np.asarray(sizes, dtype=np.int64)
+        self.rotate = rotate
         self.counts = np.asarray(counts, dtype=np.int64)
         self.offsets = np.concatenate([[0], np.cumsum(self.sizes)[:-1]]).astype(np.int64)
         self.draw_starts = np.concatenate([[0], np.cumsum(self.counts)[:-1]]).astype(np.int64)
@@ -284,6 +293,13 @@ class MixedOrder:
             self._slots[epoch] = order
         return order
 
+    def draw_epoch(self, epoch: int) -> int:
+        """The epoch whose draws epoch ``epoch`` reads: itself (a downsampled component rotates
+        through its records, also where the interleaving stays the same every epoch), or 0 in a
+        mixture that does not ``rotate`` (what validation reads: ``Mixture.for_evaluation``),
+        whose epochs all read the same records."""
+        return epoch if self.rotate else 0
+
     def draws_start(self, component: int) -> int:
         return int(self.draw_starts[component])
 
@@ -307,7 +323,7 @@ class MixedOrder:
         """The records (component-local indices) of component ``component``'s draws ``draws``
         (numbered within the epoch) in epoch ``epoch``."""
         size = int(self.sizes[component])
-        total = np.int64(epoch) * self.counts[component] + draws.astype(np.int64)
+        total = np.int64(self.draw_epoch(epoch)) * self.counts[component] + draws.astype(np.int64)
         numbers, positions = np.divmod(total, size)
         if len(numbers) == 0:
             return np.empty(0, dtype=np.int64)
@@ -471,7 +487,10 @@ class MixtureSchedule:
         options: Any,
         *,
         budget_bytes: Optional[int] = None,
+        rotate: bool = True,
     ) -> None:
+        """``rotate``: whether a downsampled component reads other records each epoch
+        (``MixedOrder.draw_epoch``)."""
         self.names = tuple(names)
         self.options = options
         self.layouts = list(layouts)
@@ -486,6 +505,7 @@ class MixtureSchedule:
             seed=options.shuffle_seed,
             shuffle=options.shuffle,
             reshuffle_each_epoch=options.reshuffle_each_epoch,
+            rotate=rotate,
         )
         self.order = MixtureMode(self.mixed, options)
         self.part_bases = np.concatenate([[0], np.cumsum([layout.num_parts for layout in layouts])[:-1]])
@@ -546,11 +566,12 @@ class MixtureSchedule:
         for i, (size, count) in enumerate(zip(mixed.sizes.tolist(), mixed.counts.tolist())):
             if count == 0:
                 continue
-            begin, end = epoch * count + int(before[i]), (epoch + 1) * count
+            drawn = mixed.draw_epoch(epoch)
+            begin, end = drawn * count + int(before[i]), (drawn + 1) * count
             scale = mixed.epoch_size / count
 
             def at(draw: int) -> int:
-                slot = (draw - epoch * count + 0.5) * scale
+                slot = (draw - drawn * count + 0.5) * scale
                 return max(0, int((slot - position) // shards))
 
             for number in range(begin // size, (end - 1) // size + 1):
@@ -585,7 +606,9 @@ class MixtureSchedule:
             raise ValueError(
                 f"the resume state is of a mixture of {len(state.components)} components, this one has {len(ours)}"
             )
-        for i, ((name, records, count), (now, size, share)) in enumerate(zip(state.components, ours)):
+        pairs = list(enumerate(zip(state.components, ours)))
+        # The caches first: a changed one changes the epoch's counts of the others too.
+        for i, ((name, records, _), (now, size, _)) in pairs:
             if name != now:
                 raise ValueError(
                     f"mixture component {i} changed since the checkpoint: it was {name}, it is {now}; "
@@ -595,6 +618,7 @@ class MixtureSchedule:
                 raise ValueError(
                     f"mixture component {i} ({now}) changed since the checkpoint: it had {records} records, it has {size}"
                 )
+        for i, ((_, _, count), (now, _, share)) in pairs:
             if count != share:
                 raise ValueError(
                     f"mixture component {i} ({now}) took {count} records per epoch when the state was taken, "

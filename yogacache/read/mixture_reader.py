@@ -15,7 +15,7 @@ from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
-from yogacache.format.spec import describe_spec, spec_leaves
+from yogacache.format.spec import describe_spec, key_path, leaf_paths, spec_leaves
 from yogacache.read.layout import PartLayout
 from yogacache.read.mixture import MixtureSchedule
 from yogacache.read.reader import CacheReader
@@ -29,13 +29,28 @@ def component_name(reader: CacheReader) -> str:
     return f"{manifest.dataset_id}:{manifest.dataset_version}"
 
 
+def _difference(one: Any, other: Any, one_name: str, other_name: str) -> str:
+    """What differs between two element specs: the first leaf whose dtype or shape differs, or
+    the structures where they differ."""
+    paths = leaf_paths(one)
+    if paths == leaf_paths(other):
+        for path, a, b in zip(paths, spec_leaves(one), spec_leaves(other)):
+            if a != b:
+                where = key_path(path) or "the element"
+                return f"{where}: {a.dtype} {a.shape} in {one_name}, {b.dtype} {b.shape} in {other_name}"
+    return f"{describe_spec(one)} in {one_name}, {describe_spec(other)} in {other_name}"
+
+
 class MixtureReader:
     """Reads the records of several caches with equal element specs as one index space.
 
     ``counts``: each component's records per epoch (``yogacache.read.mixture.mixture_counts``).
     """
 
-    def __init__(self, readers: Sequence[CacheReader], counts: Sequence[int]) -> None:
+    def __init__(self, readers: Sequence[CacheReader], counts: Sequence[int], *, rotate: bool = True) -> None:
+        """``rotate=False``: every epoch reads the same records of a downsampled component
+        (``MixedOrder.draw_epoch``), as evaluation wants."""
+        self.rotate = rotate
         self.readers = list(readers)
         if not self.readers:
             raise ValueError("a mixture needs at least one component")
@@ -45,7 +60,7 @@ class MixtureReader:
             if reader.spec != first.spec:
                 raise ValueError(
                     f"mixture components {self.names[0]} and {name} have different element specs "
-                    f"({describe_spec(first.spec)} and {describe_spec(reader.spec)}): cache one "
+                    f"({_difference(first.spec, reader.spec, self.names[0], name)}): cache one "
                     "mapped to the other's spec (a decorated builder over it) and mix that"
                 )
         self.counts = tuple(int(count) for count in counts)
@@ -95,6 +110,7 @@ class MixtureReader:
             self.layouts,
             options,
             budget_bytes=self.streaming_budget,
+            rotate=self.rotate,
         )
 
     def _split(self, indices: Any) -> list[tuple[int, np.ndarray, Optional[np.ndarray]]]:

@@ -15,6 +15,7 @@ from typing import Any, Mapping, Optional
 
 from yogacache.arguments import as_int
 from yogacache.read.layout import PartLayout, PartUse
+from yogacache.read.mixture import is_mixture_state
 from yogacache.read.options import ReadOptions
 from yogacache.read.shuffle import (
     STATE_VERSION,
@@ -149,6 +150,11 @@ class ReadSchedule:
 
     def resume_point(self, resume_state: Mapping[str, Any]) -> tuple[int, int]:
         """The ``(epoch, position)`` a resume state names, checked against this schedule."""
+        if is_mixture_state(resume_state):
+            names = ", ".join(str(each[0]) for each in resume_state.get("components", []) if each)
+            raise ValueError(
+                f"the resume state is a mixture's ({names}), not one cache's: resume the mixture it was taken of"
+            )
         state = ResumeState.from_dict(resume_state)
         if state.mode != self.mode:
             raise ValueError(f"the resume state is for shuffle_mode={state.mode!r}, this reader uses {self.mode!r}")
