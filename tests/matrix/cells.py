@@ -22,6 +22,9 @@ AXES: dict[str, tuple[str, ...]] = {
     # (no ``parts_order``): the rest of its epoch in that order, then this release's.
     "start": ("zero", "mid", "elastic", "legacy"),
     "size": ("one", "many", "rec1"),
+    # "mixture": three caches made, stored and delivered alike (the first of the size's records,
+    # the others smaller), read as one ``yogacache.Mixture`` at weights 5:3:2 (issue 25).
+    "mix": ("one", "mixture"),
 }
 NAMES = tuple(AXES)
 
@@ -75,6 +78,14 @@ EXCLUDED: tuple[tuple[str, str, str, str, str], ...] = tuple(
     ]
     + [
         (
+            "mix", "mixture", "start", "legacy",
+            "a mixture's resume state (mode 'mixture') is a position in the mixed order: there is no "
+            "state of a mixture without parts_order, which only single caches' states of the parts "
+            "orders before the lead lacked (yogacache.read.mixture.MixtureState, docs/shuffle.md)",
+        )
+    ]
+    + [
+        (
             "order", order, "start", "legacy",
             "a state without parts_order differs from this release's only in the parts orders "
             "(docs/shuffle.md: the lead); YogaDL's shard order resumes by start_offset",
@@ -114,6 +125,7 @@ class Cell:
     consumer: str
     start: str
     size: str
+    mix: str = "one"
 
     @property
     def id(self) -> str:
@@ -127,13 +139,13 @@ class Cell:
         return tuple(getattr(self, name) for name in NAMES)
 
 
-def _valid_pairs() -> set[frozenset[tuple[str, str]]]:
-    """Every pair of values (of two axes) that some valid full combination holds.
+def _valid_pairs(names: Sequence[str] = NAMES) -> set[frozenset[tuple[str, str]]]:
+    """Every pair of values (of two axes of ``names``) that some valid full combination holds.
 
     The exclusions are pairwise, so a pair is possible when it is not excluded itself and each
     other axis has a value compatible with both (checked directly, without the full product)."""
     pairs = set()
-    for (a, b) in itertools.combinations(NAMES, 2):
+    for (a, b) in itertools.combinations(names, 2):
         for x in AXES[a]:
             for y in AXES[b]:
                 if frozenset({(a, x), (b, y)}) in _EXCLUDED:
@@ -165,37 +177,52 @@ def _pairs_of(values: Sequence[str]) -> set[frozenset[tuple[str, str]]]:
     return {frozenset(pair) for pair in itertools.combinations(zip(NAMES, values), 2)}
 
 
-def uncovered_pairs(cells: Sequence[Cell]) -> set[frozenset[tuple[str, str]]]:
+def uncovered_pairs(cells: Sequence[Cell], names: Sequence[str] = NAMES) -> set[frozenset[tuple[str, str]]]:
+    """The possible pairs of values of two axes of ``names`` that no cell holds."""
     covered: set[frozenset[tuple[str, str]]] = set()
     for cell in cells:
         covered |= _pairs_of(cell.values())
-    return _valid_pairs() - covered
+    return _valid_pairs(names) - covered
+
+
+# The axes of single caches: the cells over them are generated first, as they were before the
+# "mix" axis (each reading one cache); the mixture's pairs are then added by greedy rows, so a
+# new axis adds its own cells without reshuffling the others.
+SINGLE = tuple(name for name in NAMES if name != "mix")
 
 
 def generate() -> list[Cell]:
     """The all-pairs cells, deterministic (allpairspy's search is, and so is the top-up)."""
     from allpairspy import AllPairs
 
-    rows = [tuple(row) for row in AllPairs([list(AXES[name]) for name in NAMES], filter_func=valid)]
+    rows = [tuple(row) for row in AllPairs([list(AXES[name]) for name in SINGLE], filter_func=valid)]
     cells = [Cell(*row) for row in rows]
-    missing = uncovered_pairs(cells)
+    missing = uncovered_pairs(cells, SINGLE)
     while missing:
         row = _greedy_row(min(missing, key=sorted), missing)
         cells.append(Cell(*row))
         missing -= _pairs_of(row)
-    return _cheapened(cells)
+    cells = _cheapened(cells, SINGLE)
+    single = len(cells)
+    missing = uncovered_pairs(cells)  # the mixture's pairs
+    while missing:
+        row = _greedy_row(min(missing, key=sorted), missing)
+        cells.append(Cell(*row))
+        missing -= _pairs_of(row)
+    return _cheapened(cells, NAMES, first=single)
 
 
 # Heavy values, and what a cell may take instead where no pair needs the heavy one there.
 CHEAPER = {"consumer": ("torch", ("stream", "dataset", "tf")), "made": ("ray", ("one", "workers2"))}
 
 
-def _cheapened(cells: list[Cell]) -> list[Cell]:
+def _cheapened(cells: list[Cell], names: Sequence[str] = NAMES, first: int = 0) -> list[Cell]:
     """``cells`` with each heavy value (a torch consumer, a Ray build) replaced by a cheap one
-    wherever every pair stays covered: spawned DataLoader workers and Ray tasks cost seconds
-    each, and all-pairs needs only as many of them as the pairs they take part in."""
+    wherever every pair (of axes of ``names``) stays covered, from cell ``first`` on: spawned
+    DataLoader workers and Ray tasks cost seconds each, and all-pairs needs only as many of them
+    as the pairs they take part in."""
     cells = list(cells)
-    for i in range(len(cells)):
+    for i in range(first, len(cells)):
         for name, (heavy, cheap) in CHEAPER.items():
             if getattr(cells[i], name) != heavy:
                 continue
@@ -206,7 +233,7 @@ def _cheapened(cells: list[Cell]) -> list[Cell]:
                 if not valid(trial.values()):
                     continue
                 others = cells[:i] + [trial] + cells[i + 1 :]
-                if not uncovered_pairs(others):
+                if not uncovered_pairs(others, names):
                     cells[i] = trial
                     break
     unique: dict[str, Cell] = {}

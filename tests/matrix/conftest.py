@@ -76,7 +76,7 @@ class World:
     clouds: dict[str, Cloud] = field(default_factory=dict)
     proxies: dict[str, FaultProxy] = field(default_factory=dict)
     buckets: dict[str, str] = field(default_factory=dict)
-    caches: dict[tuple[str, str, str], Built] = field(default_factory=dict)
+    caches: dict[tuple[str, str, str, int], Built] = field(default_factory=dict)
     saved_emulator_host: Optional[str] = None
     ray: Any = None
 
@@ -139,15 +139,18 @@ def _ensure_ray(world: World) -> Any:
     return world.ray
 
 
-def _call_shards(n: int, shards: int) -> Any:
+def _call_shards(n: int, shards: int, first: int = 0) -> Any:
     from yogacache.parallel import call_shards
 
-    return call_shards([functools.partial(src.records, a, b) for a, b in src.shard_bounds(n, shards)])
+    return call_shards([functools.partial(src.records, a, b) for a, b in src.shard_bounds(n, shards, first)])
 
 
-def build(world: World, request: pytest.FixtureRequest, store: str, made: str, size: str) -> Built:
-    """The cache of (store, made, size), built on first use."""
-    key = (store, made, size)
+def build(world: World, request: pytest.FixtureRequest, store: str, made: str, size: str, component: int = 0) -> Built:
+    """The cache of (store, made, size), built on first use; ``component`` ``k > 0``: the
+    ``k``-th other component of the cell's mixture (``records.mix_sizes`` records from
+    ``k * records.MIX_FIRST`` on), in the same store and bucket prefix as the first, with the
+    same parts and build shards (as many as it has records)."""
+    key = (store, made, size, component)
     if key in world.caches:
         return world.caches[key]
     from yogacache.parallel import sharded
@@ -155,7 +158,10 @@ def build(world: World, request: pytest.FixtureRequest, store: str, made: str, s
     from yogacache.store.remote import RemoteCacheStore
 
     n, part_size, shards = SIZES[size]
-    dataset_id = f"{made}-{size}"
+    n = src.mix_sizes(n)[component]
+    shards = min(shards, n)
+    first = component * src.MIX_FIRST
+    dataset_id = f"{made}-{size}" + (f"-c{component}" if component else "")
     prefix = f"{store}-{made}-{size}"
     base = world.root / prefix
     base.mkdir(parents=True, exist_ok=True)
@@ -176,9 +182,11 @@ def build(world: World, request: pytest.FixtureRequest, store: str, made: str, s
 
     location: dict[str, Any] = {"kind": store, "root": base / "root", "prefix": prefix}
     if made == "one":
-        manifest = target_store(store, prefix).build(dataset_id, version, src.elements(n))
+        manifest = target_store(store, prefix).build(dataset_id, version, src.elements(n, first))
     elif made == "workers2":
-        manifest = target_store(store, prefix).build(dataset_id, version, sharded(_call_shards(n, shards), 2))
+        manifest = target_store(store, prefix).build(
+            dataset_id, version, sharded(_call_shards(n, shards, first), 2)
+        )
     elif made == "ray":
         from yogacache.parallel.ray import build_with_ray
 
@@ -189,14 +197,15 @@ def build(world: World, request: pytest.FixtureRequest, store: str, made: str, s
             local_cache_host_path=str(base / "ray-copies"), local_cache_container_path=str(base / "ray-copies"),
         )
         manifest = build_with_ray(
-            config, dataset_id, version, _call_shards(n, shards), part_size_bytes=part_size, show_progress=False
+            config, dataset_id, version, _call_shards(n, shards, first), part_size_bytes=part_size,
+            show_progress=False,
         )
     elif made == "import":
         from yogacache.sources import from_url
         from yogacache.sources.importer import import_source
 
-        tars = base / "tars"
-        src.write_tar_shards(tars, n, shards)
+        tars = base / ("tars" + (f"-c{component}" if component else ""))
+        src.write_tar_shards(tars, n, shards, first)
         parallel: Optional[Callable[[Any], Any]] = (lambda whole: sharded(whole, 2)) if shards > 1 else None
         manifest = import_source(
             target_store(store, prefix), dataset_id, from_url(str(tars) + "/"), version,
@@ -206,7 +215,7 @@ def build(world: World, request: pytest.FixtureRequest, store: str, made: str, s
         from yogacache.store.copy import copy_cache
 
         origin = _other(store)
-        target_store(origin, prefix + "-origin").build(dataset_id, version, src.elements(n))
+        target_store(origin, prefix + "-origin").build(dataset_id, version, src.elements(n, first))
         source = world.remote_config(origin, prefix + "-origin", proxied=False)
         destination: Any
         if store == "local":
@@ -224,12 +233,13 @@ def build(world: World, request: pytest.FixtureRequest, store: str, made: str, s
         # The origin is the other cloud; the store under test is the (empty) mirror that the
         # first node to open the cache fills.
         origin = _other(store)
-        manifest = target_store(origin, prefix + "-origin").build(dataset_id, version, src.elements(n))
+        manifest = target_store(origin, prefix + "-origin").build(dataset_id, version, src.elements(n, first))
         location["origin"] = (origin, prefix + "-origin")
     elif made == "migrate":
         from yogacache.store.yogadl import migrate
 
-        legacy = src.write_yogadl_cache(base / "legacy" / "cache.mdb", n)
+        legacy_dir = base / ("legacy" + (f"-c{component}" if component else ""))
+        legacy = src.write_yogadl_cache(legacy_dir / "cache.mdb", n, first)
         if remote:
             world.objects(store, prefix).upload_file(legacy, f"{dataset_id}/{version}/cache.mdb")
         else:
@@ -254,8 +264,14 @@ def _published_manifest(world: World, store: str, location: dict[str, Any], data
     )
 
 
-def node_store(world: World, built: Built, node: Path, delivery: str) -> Any:
-    """The store one node of a cell reads ``built`` through (its own local root ``node``)."""
+def build_mixture(world: World, request: pytest.FixtureRequest, store: str, made: str, size: str) -> list[Built]:
+    """The components of the cell's mixture: the single cells' cache and two smaller ones."""
+    return [build(world, request, store, made, size, k) for k in range(len(src.MIX_WEIGHTS))]
+
+
+def node_store(world: World, built: Built, node: Path, delivery: str, limit: Optional[int] = None) -> Any:
+    """The store one node of a cell reads ``built`` through (its own local root ``node``);
+    ``limit``: its budget under ``stream-half`` (default: half of ``built``)."""
     from yogacache.store import open_store
 
     kind, root = built.store, built.location["root"]
@@ -273,9 +289,32 @@ def node_store(world: World, built: Built, node: Path, delivery: str) -> Any:
     if delivery != "sync":
         extra["streaming"] = True
     if delivery == "stream-half":
-        extra["local_cache_limit"] = built.manifest.total_size_bytes // 2
+        extra["local_cache_limit"] = built.manifest.total_size_bytes // 2 if limit is None else limit
     return open_store(world.remote_config(kind, built.location["prefix"], proxied=True, **local, **extra),
                       show_progress=False)
 
 
-__all__ = ["PART_NAME", "Built", "Logged", "SIZES", "World", "build", "node_store", "part_downloads"]
+def cache_part_downloads(
+    proxy: FaultProxy, since: int, kind: str, dataset_ids: list[str]
+) -> list[tuple[str, str, int]]:
+    """(dataset id, part file name, body bytes) of every part download of the caches
+    ``dataset_ids`` (of one store prefix) that the proxy forwarded after log entry ``since``."""
+    ids = "|".join(re.escape(dataset_id) for dataset_id in sorted(dataset_ids, key=len, reverse=True))
+    of_cache = re.compile(rf"(?:/|%2F)({ids})(?:/|%2F)")
+    found = []
+    for entry in proxy.log[since:]:
+        if entry.method != "GET" or not entry.size or "part-" not in entry.target:
+            continue
+        if kind == "gcs" and "alt=media" not in entry.target:
+            continue
+        match, cache = PART_NAME.search(entry.target), of_cache.search(entry.target)
+        if match:
+            assert cache, f"a part download of none of {dataset_ids}: {entry.target}"
+            found.append((cache.group(1), match.group(0), entry.size))
+    return found
+
+
+__all__ = [
+    "PART_NAME", "Built", "Logged", "SIZES", "World", "build", "build_mixture", "cache_part_downloads",
+    "node_store", "part_downloads",
+]

@@ -1,6 +1,8 @@
 """The composition matrix (issue 22): all-pairs cells over store x how the cache was made x delivery
-x order x consumer x start x size, each read by several ranks in lockstep on one node and
-compared with an oracle computed from the source.
+x order x consumer x start x size x mix, each read by several ranks in lockstep on one node and
+compared with an oracle computed from the source. ``mix=mixture`` cells (issue 25) read three
+caches made, stored and delivered alike as one ``yogacache.Mixture`` (``mixture_cell``: the
+mixed order computed from the manifests, checked against the mixture's contract in plain python).
 
 Per cell:
 
@@ -41,7 +43,16 @@ from hypothesis import strategies as st
 
 from tests.matrix import records as src
 from tests.matrix.cells import AXES, CELLS, EXCLUDED, REMOTE, Cell, exclusion_reason, uncovered_pairs, valid
-from tests.matrix.conftest import PART_NAME, Built, World, build, node_store, part_downloads
+from tests.matrix.conftest import (
+    PART_NAME,
+    Built,
+    World,
+    build,
+    build_mixture,
+    cache_part_downloads,
+    node_store,
+    part_downloads,
+)
 from tests.streaming_helpers import bytes_on_disk
 
 BATCH = 8
@@ -85,6 +96,22 @@ def stream_kwargs(order: Order, rank: int, shards: int, start_offset: int = 0,
 
 
 # -- consumers: per rank, per epoch, an iterator of batches of records -------------------------------
+# A consumer reads a source: a CacheReader (the single cells) or a yogacache.Mixture (mix=mixture).
+def _ref(source: Any) -> Any:
+    """The DataRef of a source: a mixture is one; a reader is wrapped in a CacheDataRef."""
+    from yogacache.dataref import CacheDataRef
+    from yogacache.mixture import Mixture
+
+    return source if isinstance(source, Mixture) else CacheDataRef(source)
+
+
+def _epoch_records(source: Any) -> int:
+    """Records per epoch, all ranks together: a mixture's epoch size, or the cache's records."""
+    from yogacache.mixture import Mixture
+
+    return source.epoch_size if isinstance(source, Mixture) else len(source)
+
+
 def _chunks(items: Iterator[Any]) -> Iterator[list[Any]]:
     batch: list[Any] = []
     for item in items:
@@ -100,11 +127,9 @@ class StreamConsumer:
     """``DataRef.stream``: each iteration is the next epoch."""
 
     def __init__(self, reader: Any, kwargs: dict[str, Any]) -> None:
-        from yogacache.dataref import CacheDataRef
-
-        self.stream = CacheDataRef(reader).stream(**kwargs)
+        self.stream = _ref(reader).stream(**kwargs)
         rank, shards = kwargs["shard_rank"], kwargs["num_shards"]
-        shard = math.ceil((len(reader) - rank) / shards)
+        shard = math.ceil((_epoch_records(reader) - rank) / shards)
         assert len(self.stream) == shard, f"rank {rank} of {shards}: len(stream) {len(self.stream)}, not {shard}"
 
     def epoch(self) -> Iterator[list[Any]]:
@@ -113,9 +138,11 @@ class StreamConsumer:
 
 class DatasetConsumer:
     """``CacheDataset`` random access, at the indices of the rank's plan (batches through
-    ``__getitems__``, and single records through ``[]``)."""
+    ``__getitems__``, and single records through ``[]``); a mixture's plan is its reader's
+    ``read_schedule`` (the mixed order, fitted to the node budget as a stream fits it)."""
 
     def __init__(self, reader: Any, kwargs: dict[str, Any]) -> None:
+        from yogacache.mixture import Mixture
         from yogacache.read.options import ReadOptions
         from yogacache.read.parts_shuffle import PartLayout
         from yogacache.read.schedule import ReadSchedule
@@ -127,7 +154,10 @@ class DatasetConsumer:
             **({"parts_window": kwargs["parts_window"]} if "parts_window" in kwargs else {}),
         )
         self.dataset = CacheDataset(reader, output="numpy")
-        self.schedule = ReadSchedule(len(reader), options, PartLayout.from_manifest(reader.manifest))
+        if isinstance(reader, Mixture):
+            self.schedule: Any = reader.reader.read_schedule(options)
+        else:
+            self.schedule = ReadSchedule(len(reader), options, PartLayout.from_manifest(reader.manifest))
         self.point = self.schedule.start
 
     def epoch(self) -> Iterator[list[Any]]:
@@ -147,10 +177,9 @@ class TFConsumer:
     """``yogacache.tensorflow.make_tf_dataset(stream)``: each iteration is the next epoch."""
 
     def __init__(self, reader: Any, kwargs: dict[str, Any]) -> None:
-        from yogacache.dataref import CacheDataRef
         from yogacache.tensorflow import make_tf_dataset
 
-        self.dataset = make_tf_dataset(CacheDataRef(reader).stream(**kwargs))
+        self.dataset = make_tf_dataset(_ref(reader).stream(**kwargs))
 
     def epoch(self) -> Iterator[list[Any]]:
         return _chunks(iter(self.dataset.as_numpy_iterator()))
@@ -214,15 +243,13 @@ def read_partially(
     each read and rank 0's resume state after them (every rank's must be the same where the
     state is valid at any world size). ``legacy``: epoch 0 is read in the "parts" order before
     the lead, as the release before it read it (a start state without ``parts_order``)."""
-    from yogacache.dataref import CacheDataRef
-
     read, states = [], []
     for rank, reader in enumerate(readers):
         resume = None
         if legacy:
-            resume = CacheDataRef(reader).stream(**stream_kwargs(order, rank, shards)).state_dict(0)
+            resume = _ref(reader).stream(**stream_kwargs(order, rank, shards)).state_dict(0)
             del resume["parts_order"]
-        stream = CacheDataRef(reader).stream(**stream_kwargs(order, rank, shards, 0, resume))
+        stream = _ref(reader).stream(**stream_kwargs(order, rank, shards, 0, resume))
         got = []
         for element in stream:
             got.append(src.index_of(element))
@@ -230,23 +257,24 @@ def read_partially(
                 break
         read.append(got)
         states.append(stream.state_dict(records))
-    if order.mode != "shard":
+    if order.mode != "shard" or states[0].get("mode") == "mixture":
         assert all(state == states[0] for state in states), f"ranks at the same count differ: {states}"
     return read, states[0]
 
 
 class PeakSampler:
-    """The most bytes the node's streamed parts (temporary files included) held while it read."""
+    """The most bytes the node's streamed parts (temporary files included) held while it read,
+    in one directory or several (a mixture's components) together."""
 
-    def __init__(self, directory: Path) -> None:
-        self.directory = directory
+    def __init__(self, directory: Any) -> None:
+        self.directories = list(directory) if isinstance(directory, (list, tuple)) else [directory]
         self.peak = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            self.peak = max(self.peak, bytes_on_disk(self.directory))
+            self.peak = max(self.peak, sum(bytes_on_disk(directory) for directory in self.directories))
             self._stop.wait(0.005)
 
     def __enter__(self) -> PeakSampler:
@@ -267,6 +295,8 @@ def _param(cell: Cell) -> Any:
 @pytest.mark.timeout(420)
 @pytest.mark.parametrize("cell", [_param(cell) for cell in CELLS])
 def test_cell(cell: Cell, world: World, request: pytest.FixtureRequest, tmp_path: Path) -> None:
+    if cell.mix == "mixture":
+        return mixture_cell(cell, world, request, tmp_path)
     built = build(world, request, cell.store, cell.made, cell.size)
     order = ORDERS[cell.order]
     n = built.num_records
@@ -494,9 +524,187 @@ def check_mirror_filled(world: World, built: Built) -> None:
     assert Manifest.from_bytes(found[0], "mirror").build_id == built.manifest.build_id
 
 
+# -- mixture cells ------------------------------------------------------------------------------------
+def open_mixture(store: Any, components: Sequence[Built]) -> Any:
+    """The cell's mixture: its components opened through one node's store, at weights 5:3:2."""
+    from yogacache.mixture import Component, Mixture
+
+    return Mixture([
+        Component(store.open(built.dataset_id, "v1"), weight=weight)
+        for built, weight in zip(components, src.MIX_WEIGHTS)
+    ])
+
+
+def mixture_cell(cell: Cell, world: World, request: pytest.FixtureRequest, tmp_path: Path) -> None:
+    """A cell of ``mix=mixture``: three caches made, stored and delivered as the cell says, read as
+    one mixture by every rank (each rank its own ``Mixture`` over its node's store), checked
+    against the mixed order computed from the manifests (``records.mixture_order``), which is
+    itself checked against the mixture's contract in plain python (``records.mix_counts``,
+    ``check_mixture_contract``; without shuffling, ``unshuffled_mixture`` exactly). Ranks share
+    the mixed order: rank ``r`` of ``S`` reads positions ``c + r, c + r + S, ...`` after ``c``
+    consumed, so ``mid`` and ``elastic`` both resume from the state (at any world size)."""
+    where = f"[{cell.id}]"
+    components = build_mixture(world, request, cell.store, cell.made, cell.size)
+    order = ORDERS[cell.order]
+    sizes = [built.num_records for built in components]
+    counts = src.mix_counts(sizes)
+    total_bytes = sum(built.manifest.total_size_bytes for built in components)
+    limit = total_bytes // 2 if cell.delivery == "stream-half" else None
+    shards, resumed_shards = 2, 3 if cell.start == "elastic" else 2
+    consumer = CONSUMERS[cell.consumer]
+
+    oracle = src.mixture_order([built.manifest for built in components], counts, stream_kwargs(order, 0, 1),
+                               limit, EPOCHS)
+    src.check_mixture_contract(oracle, sizes, counts, shuffled=order.shuffle)
+    if not order.shuffle:
+        assert oracle == src.unshuffled_mixture(sizes, counts, EPOCHS), f"{where}: the unshuffled mixed order"
+
+    # Phase 1 (mid, elastic): two ranks read part of epoch 0 on node "a".
+    before: list[list[int]] = [[] for _ in range(shards)]
+    consumed, resume = 0, None
+    if cell.start != "zero":
+        store_a = node_store(world, components[0], tmp_path / "node-a", cell.delivery, limit)
+        mixtures = [open_mixture(store_a, components) for _ in range(shards)]
+        assert [list(m.counts) for m in mixtures] == [counts] * shards, f"{where}: counts {mixtures[0].counts}"
+        records = max(1, (sum(counts) // shards) // 3)
+        before, resume = read_partially(mixtures, order, shards, records)
+        assert resume["mode"] == "mixture" and resume["consumed"] == shards * records, f"{where}: {resume}"
+        consumed = shards * records
+        for mixture in mixtures:
+            mixture.close()
+        for rank in range(shards):
+            assert before[rank] == oracle[0][rank:consumed:shards], f"{where} rank {rank}: the first records read"
+
+    # Phase 2: the rest of epoch 0 and one more, every rank on one node, or (stream-half) each on
+    # its own node under its own budget, as the single cells read.
+    proxy = world.proxies.get(cell.store) if cell.store in REMOTE else None
+    kwargs = [stream_kwargs(order, rank, resumed_shards, 0, resume) for rank in range(resumed_shards)]
+    groups = [list(range(resumed_shards))] if cell.delivery != "stream-half" else [[r] for r in range(resumed_shards)]
+    epochs: list[list[list[int]]] = [[[] for _ in range(resumed_shards)] for _ in range(EPOCHS)]
+    nodes = []
+    ids = [built.dataset_id for built in components]
+    for group in groups:
+        node = tmp_path / f"node-b{group[0]}"
+        since = len(proxy.log) if proxy is not None else 0
+        store = node_store(world, components[0], node, cell.delivery, limit)
+        mixtures = [open_mixture(store, components) for _ in group]
+        consumers = [consumer(mixture, kwargs[rank]) for rank, mixture in zip(group, mixtures)]
+        parts = [node / "yogadl_local_cache" / ".parts" / dataset_id / "v1" for dataset_id in ids]
+        with PeakSampler(parts) as sampler:
+            read = read_lockstep(consumers, EPOCHS)
+        for mixture in mixtures:
+            mixture.close()
+        for e in range(EPOCHS):
+            for rank, got in zip(group, read[e]):
+                epochs[e][rank] = got
+        fetched = cache_part_downloads(proxy, since, cell.store, ids) if proxy is not None else []
+        read_here = {i for e in range(EPOCHS) for got in read[e] for i in got}
+        nodes.append(MixtureNode(group, [r for m in mixtures for r in m.reader.readers], fetched, sampler.peak,
+                                 parts_of(components, read_here)))
+
+    for rank in range(resumed_shards):
+        for e in range(EPOCHS):
+            expected = oracle[e][(consumed if e == 0 else 0) + rank :: resumed_shards]
+            got = epochs[e][rank]
+            assert got == expected, (
+                f"{where} rank {rank} of {resumed_shards} epoch {e}: expected {expected[:12]}..., got {got[:12]}... "
+                f"({len(got)} records, {len(expected)} expected)"
+            )
+    first = sorted([i for got in before for i in got] + [i for got in epochs[0] for i in got])
+    assert first == sorted(oracle[0]), f"{where}: epoch 0 across the resume is not the epoch's records once each"
+    check_mixture_delivery(cell, order, components, nodes, proxy, limit)
+
+
+@dataclass
+class MixtureNode:
+    """What one node of a mixture cell did: its ranks, its components' readers, the part
+    downloads it made (dataset id, part file name, bytes) and the most bytes of parts it held."""
+
+    ranks: list[int]
+    readers: list[Any]
+    fetched: list[tuple[str, str, int]]
+    peak: int
+    parts: dict[tuple[str, str], int]  # the parts of the records it read: (dataset id, part file name) -> bytes
+
+
+def parts_of(components: Sequence[Built], indices: Any) -> dict[tuple[str, str], int]:
+    """The parts (dataset id, part file name) holding source records ``indices``, and their bytes:
+    a downsampled component reads only some of its records in two epochs, so only some parts."""
+    out = {}
+    for k, built in enumerate(components):
+        edges = np.cumsum([0] + [part.num_records for part in built.manifest.parts])
+        local = np.array([i - k * src.MIX_FIRST for i in indices if src.component_of(i) == k], dtype=np.int64)
+        for p in np.unique(np.searchsorted(edges, local, side="right") - 1).tolist():
+            part = built.manifest.parts[p]
+            out[(built.dataset_id, _part_name(part.name))] = part.size_bytes
+    return out
+
+
+def check_mixture_delivery(cell: Cell, order: Order, components: Sequence[Built], nodes: Sequence[MixtureNode],
+                           proxy: Any, limit: Optional[int]) -> None:
+    """As ``check_delivery``, over the components together: a sync downloads each cache once;
+    streaming without a budget fetches each part of each component once; under half the bytes
+    of all components, one budget for them all holds, every part is fetched, and -- for orders
+    made to stream, read through a consumer that announces its order -- a node (one rank that
+    reads the whole mixed order's share, so every part) fetches at most the bytes once, then
+    (D - B) and a part per component (issue 25 item 4), a part more at the first epoch's end,
+    and a quarter of the budget ahead."""
+    where = f"[{cell.id}]"
+    readers = [reader for node in nodes for reader in node.readers]
+    total = sum(built.manifest.total_size_bytes for built in components)
+    if proxy is None:
+        root = components[0].location["root"].resolve()
+        for reader in readers:
+            assert Path(reader.directory).resolve().is_relative_to(root), f"{where} read from {reader.directory}"
+        return
+    streamed = [".parts" in str(reader.directory) for reader in readers]
+    if cell.delivery == "sync":
+        (node,) = nodes
+        fetched_bytes = sum(size for _, _, size in node.fetched)
+        assert not any(streamed), f"{where}: a whole sync streamed"
+        assert fetched_bytes == total, f"{where}: a whole sync fetched {fetched_bytes} bytes of {total}-byte caches"
+        return
+    assert all(streamed), f"{where}: the caches were not streamed"
+    if cell.delivery == "stream-full":
+        (node,) = nodes
+        names = [(dataset_id, name) for dataset_id, name, _ in node.fetched]
+        twice = sorted({name for name in names if names.count(name) > 1})
+        assert not twice, f"{where}: parts fetched more than once by one node without a budget: {twice}"
+        # Every part of the records read, and perhaps some of the epoch after (fetched ahead).
+        assert set(node.parts) <= set(names), (
+            f"{where}: {len(node.parts)} parts hold the records read, {sorted(set(node.parts) - set(names))[:8]} "
+            "of them were never fetched"
+        )
+        return
+    assert limit is not None
+    largest = max(part.size_bytes for built in components for part in built.manifest.parts)
+    for node in nodes:
+        names = {(dataset_id, name) for dataset_id, name, _ in node.fetched}
+        held = f"{where} rank {node.ranks}: its node"
+        assert set(node.parts) <= names, f"{held} never fetched parts it read: {set(node.parts) - names}"
+        assert 0 < node.peak <= limit, f"{held} held {node.peak} bytes of parts, budget {limit}"
+    if cell.consumer == "dataset" or (order.shuffle and order.mode != "parts"):
+        return  # random access, and the "shard" and "global" orders, re-fetch at random: the budget holds
+    spread = EPOCHS * spread_parts(CONSUMERS[cell.consumer], components[-1]) * largest
+    for node in nodes:
+        d = sum(node.parts.values())  # D: the bytes of the parts the node's records are in
+        bound = d + max(0, d - limit) + (len(components) + 1) * largest + limit // 4 + spread
+        fetched_bytes = sum(size for _, _, size in node.fetched)
+        print(f"{where} rank {node.ranks}: fetched {fetched_bytes} of D = {d} bytes ({len(node.fetched)} downloads, "
+              f"{len(node.parts)} parts), peak {node.peak}, budget {limit}, bound {bound}")
+        assert fetched_bytes <= bound, (
+            f"{where} rank {node.ranks}: its node fetched {fetched_bytes} bytes over {EPOCHS} epochs "
+            f"({fetched_bytes / d:.2f} x D = {d}, {len(node.fetched)} downloads of {len(node.parts)} parts, "
+            f"budget {limit}); promised at most D once, then (D - B) and a part per component, a part "
+            f"and a quarter of the budget ahead: {bound}"
+        )
+
+
 # -- the matrix itself ------------------------------------------------------------------------------
 def test_the_cells_cover_every_possible_pair() -> None:
     assert uncovered_pairs(CELLS) == set()
+    mixtures = [cell for cell in CELLS if cell.mix == "mixture"]
+    assert 0 < len(mixtures) <= 10 and not any(cell.start == "legacy" for cell in mixtures), mixtures
     assert all(valid(cell.values()) for cell in CELLS)
     assert len({cell.id for cell in CELLS}) == len(CELLS)
     for name, values in AXES.items():
