@@ -416,8 +416,8 @@ class Bench:
                 continue
             if streamed:
                 print(f"\nStreamed from moto's S3 server through a {self.rate / 1e6:.0f} MB/s proxy, from an empty "
-                      f"node: D = {self.dataset_bytes / mib:.0f} MiB, budget B = {budget / mib:.0f} MiB (half), "
-                      f"promise (D - B) + one part per component = {promise / mib:.0f} MiB\n")
+                      f"node: D = {self.dataset_bytes / mib:.1f} MiB, budget B = {budget / mib:.1f} MiB (half), "
+                      f"promise (D - B) + one part per component = {promise / mib:.1f} MiB\n")
             else:
                 print("\nLocal (yogacache shared_fs caches, MDS / LitData directories on the same disk)\n")
             header = ["reader", "epoch 1 (records/s)", "epoch 2 (records/s)"]
@@ -436,8 +436,8 @@ class Bench:
                 if ours is not None and cells is not ours and "failed" not in ours:
                     line[1:3] = [f"{r:.0f} ({o / r:.2f}x)" for r, o in zip(cells["rates"], ours["rates"])]
                 if streamed:
-                    line += [f"{self.stored[ROWS[row][0]] / mib:.0f}", f"{cells['bytes'][0] / mib:.0f}",
-                             f"{cells['bytes'][1] / mib:.0f}", f"{cells['beyond'] / mib:.0f}"]
+                    line += [f"{self.stored[ROWS[row][0]] / mib:.1f}", f"{cells['bytes'][0] / mib:.1f}",
+                             f"{cells['bytes'][1] / mib:.1f}", f"{cells['beyond'] / mib:.1f}"]
                 shares = ", ".join("yes" if e else "no" for e in cells["exact"])
                 counts = "; ".join("/".join(map(str, c)) for c in cells["counts"])
                 drift = "-" if cells["drift"] is None else f"{cells['drift']:.2f}"
@@ -485,10 +485,10 @@ class Bench:
         if streamed:
             mib = 2**20
             second, beyond = ours["bytes"][1], ours["beyond"]
-            print(f"target ({where}): epoch-2 bytes {second / mib:.0f} MiB <= (D - B) + one part per component = "
-                  f"{promise / mib:.0f} MiB: {'met' if second <= promise else 'MISSED'}")
+            print(f"target ({where}): epoch-2 bytes {second / mib:.1f} MiB ({second} B) <= (D - B) + one part per "
+                  f"component = {promise / mib:.1f} MiB ({promise} B): {'met' if second <= promise else 'MISSED'}")
             print(f"target ({where}), stricter: bytes beyond one pass over both epochs (what epoch 1 fetched for "
-                  f"epoch 2 or twice included) {beyond / mib:.0f} MiB <= {promise / mib:.0f} MiB: "
+                  f"epoch 2 or twice included) {beyond / mib:.1f} MiB ({beyond} B) <= {promise / mib:.1f} MiB: "
                   f"{'met' if beyond <= promise else 'MISSED'}")
 
 
