@@ -106,10 +106,12 @@ def test_the_default_epoch_size_is_every_record_once(caches: Caches) -> None:
     total = sum(SIZES.values())
     weighted = Mixture(caches.all, weights=[0.7, 0.2, 0.1])
     assert len(weighted) == total and weighted.counts == (322, 92, 46)  # 0.7 · 460 = 322, ...
-    even = Mixture(caches.all)  # no weights: weight 1 each
-    assert len(even) == total and sorted(even.counts) == [153, 153, 154]
-    stream = even.stream(shuffle=True, shuffle_seed=2)
-    assert len(stream) == total and len(ids(stream)) == total
+    natural = Mixture(caches.all)  # no weights: each weighs its records, every record once
+    assert len(natural) == total and natural.counts == tuple(SIZES[name] for name in NAMES)
+    stream = natural.stream(shuffle=True, shuffle_seed=2)
+    assert len(stream) == total and sorted(ids(stream)) == sorted(r for name in NAMES for r in range(BASES[name], BASES[name] + SIZES[name]))
+    with pytest.raises(ValueError, match="component 1 has no weight and others have: give every component a weight, or none"):
+        Mixture([Component(caches["a"], weight=2), caches["b"]])
 
 
 def test_repeat_and_samples_are_absolute_counts(caches: Caches) -> None:

@@ -41,8 +41,8 @@ class Component:
         source: the cache: a ``CacheDataRef`` (what ``DataLayer.cache_dataset`` functions and
             storages' ``fetch`` return), a ``CacheReader``, a cache directory, or a callable
             taking no arguments that returns one (a decorated builder: it builds on a miss).
-        weight: a relative share of ``epoch_size`` (default 1 when no component repeats or
-            samples).
+        weight: a relative share of ``epoch_size``. Give every component one or none: with none
+            (and no repeat or samples), each weighs its records, the natural proportions.
         repeat: passes over the cache per epoch (``2.0`` upsamples it twice, ``0.5`` reads half
             of it per epoch, the other half the next).
         samples: records of the cache per epoch.
@@ -99,7 +99,7 @@ class Mixture:
     """Several caches read as one at set proportions: a ``DataRef`` (``stream``, ``len``).
 
     Args:
-        components: ``Component``s, or their sources (each then weight 1, or the ``weights``).
+        components: ``Component``s, or their sources (natural proportions, or the ``weights``).
         weights: relative weights, one per component (instead of ``Component(weight=)``).
         epoch_size: records per epoch, all ranks together, shared out by the weights; default:
             the components' records together. Not with ``repeat``/``samples`` (they set counts).

@@ -5,7 +5,8 @@ epoch, exactly ``c_i`` records of component ``i`` (``mixture_counts``):
 
 - relative ``weight``s share an epoch of ``epoch_size`` records (default: the components'
   records together, ``Σ n_i``) by largest remainders, so each count is within one record of
-  ``weight_i / Σ weight · epoch_size``; or the stopping rules, as Hugging Face's
+  ``weight_i / Σ weight · epoch_size`` (no weights at all: each component weighs its records,
+  the natural proportions, so the default epoch reads every record once); or the stopping rules, as Hugging Face's
   ``interleave_datasets`` names them, set the epoch size from the weights: ``"first_exhausted"``
   ``floor(min n_i / p_i)`` records (``p_i`` the normalized weights), which takes no component
   past one pass and the limiting one exactly through, ``"all_exhausted"`` ``ceil(max n_i /
@@ -170,7 +171,15 @@ def mixture_counts(
         if sum(counts) == 0:
             raise ValueError("every mixture component takes 0 records per epoch: raise a repeat or samples")
         return tuple(counts)
-    weights = np.array([1.0 if share.weight is None else share.weight for share in shares])
+    unweighted = [i for i, share in enumerate(shares) if share.weight is None]
+    if unweighted and len(unweighted) < len(shares):
+        raise ValueError(
+            f"mixture component {unweighted[0]} has no weight and others have: give every component a "
+            "weight, or none (each then weighs its records: the natural proportions)"
+        )
+    # No weights at all: each component weighs its records (every record once per epoch of the
+    # default size, as concatenating them would).
+    weights = np.array([float(size) if share.weight is None else share.weight for share, size in zip(shares, sizes)])
     if weights.sum() <= 0:
         raise ValueError("mixture weights are all zero: at least one must be positive")
     p = weights / weights.sum()
@@ -517,18 +526,26 @@ class MixtureSchedule:
             self.start = self.order.start(options.start_offset)
 
     def fit_budget(self, budget_bytes: Optional[int]) -> None:
-        """Fits each component's order to its share of a streamed mixture's byte budget: shares
-        in proportion to the bytes each reads per epoch."""
+        """Fits each component's order to its share of a streamed mixture's byte budget: first
+        what the smallest window needs of every component it reads (three of its largest parts:
+        the one it reads, the one it moves on to, the one the next epoch starts with), then the
+        rest in proportion to the bytes each reads per epoch. Shares in proportion alone left a
+        small component less than one part, and the components fought over room (parts fetched
+        twice in an epoch)."""
         if budget_bytes is None:
             return
         mixed = self.mixed
+        reads = mixed.counts > 0
+        largest = np.array([int(layout.sizes.max()) if layout.num_parts else 0 for layout in self.layouts])
+        floors = np.where(reads, 3 * largest, 0)
         rates = np.array(
             [layout.num_bytes * count / max(1, size) for layout, count, size in zip(self.layouts, mixed.counts, mixed.sizes)],
             dtype=np.float64,
         )
         shares = rates / rates.sum() if rates.sum() > 0 else np.full(len(rates), 1 / len(rates))
-        for mode, share in zip(mixed.passes, shares.tolist()):
-            mode.fit_budget(max(1, int(budget_bytes * share)))
+        rest = max(0, budget_bytes - int(floors.sum()))
+        for mode, floor, share in zip(mixed.passes, floors.tolist(), shares.tolist()):
+            mode.fit_budget(max(1, floor + int(rest * share)))
 
     @property
     def mode(self) -> str:

@@ -10,6 +10,7 @@ read pipeline, tf.data, the torch datasets) need to read a mixture as they read 
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
@@ -21,6 +22,9 @@ from yogacache.read.mixture import MixtureSchedule
 from yogacache.read.reader import CacheReader
 
 __all__ = ["MixtureReader", "component_name"]
+
+# The pace of a component that takes no records per epoch: its parts are needed last.
+UPCOMING_SCALE_LIMIT = 1 << 20
 
 
 def component_name(reader: CacheReader) -> str:
@@ -71,6 +75,20 @@ class MixtureReader:
         self.layouts = [reader.layout for reader in self.readers]
         self.part_bases = np.concatenate([[0], np.cumsum([layout.num_parts for layout in self.layouts])[:-1]])
         self.directory = Path(f"mixture({', '.join(self.names)})")  # names it in messages
+        self._pace_parts()
+
+    def _pace_parts(self) -> None:
+        """Tells each streamed component how long it reads a part against the others: a part
+        of component ``i`` lasts about ``records per part / c_i`` of the epoch, so the node's
+        eviction, which compares the components' announced orders, compares them by when each
+        part is needed (the fastest-moving component's parts count 1 each)."""
+        lasting = [
+            (len(reader) / max(1, reader.layout.num_parts)) / count if count else float("inf")
+            for reader, count in zip(self.readers, self.counts)
+        ]
+        shortest = min(lasting)
+        for reader, last in zip(self.readers, lasting):
+            reader.set_part_pace(last / shortest if math.isfinite(last) else float(UPCOMING_SCALE_LIMIT))
 
     # -- what CacheReader answers ------------------------------------------------------------
     def __len__(self) -> int:

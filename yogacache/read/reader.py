@@ -669,6 +669,14 @@ class CacheReader:
         if self._provider is not None and not self._closed:
             self._provider.prefetch(index)
 
+    def set_part_pace(self, scale: float) -> None:
+        """How long this reader reads each of its parts against the node's other readers (1: as
+        long; a mixture's component read half as often as the fastest: 2), so that eviction
+        compares read orders by when parts are needed (``budget.ProcessLease.announce``).
+        A no-op for local files."""
+        if self._provider is not None:
+            self._provider.scale = float(scale)
+
     def expect_parts(self, epochs: Callable[[], Sequence[Sequence[int]]]) -> None:
         """Tells the part provider (if any) which parts the reader reads, in order of first use:
         ``epochs()`` lists this epoch's, then the next epoch's (each part once per epoch), so

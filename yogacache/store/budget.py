@@ -87,6 +87,9 @@ class ProcessLease:
         self._held: dict[str, int] = {}  # item -> how many holders in this process
         self._upcoming: dict[str, list[str]] = {}  # reader -> its next parts, in order
         self._now: dict[str, int] = {}  # reader -> how many of those its current epoch reads
+        # reader -> how long it reads each part, relative to the process's other readers (a
+        # mixture's components: a part of a component the mixture reads little of lasts longer)
+        self._scale: dict[str, float] = {}
         self._lock = threading.Lock()
 
     def hold(self, item: str) -> None:
@@ -104,12 +107,16 @@ class ProcessLease:
             self._held.pop(item, None)
             self._write()
 
-    def announce(self, reader: str, upcoming: list[str], now: Optional[int] = None) -> None:
+    def announce(self, reader: str, upcoming: list[str], now: Optional[int] = None, scale: float = 1.0) -> None:
         """Records the next parts ``reader`` (a reader of this process) will need, in order;
-        the first ``now`` of them (all, if None) are what its current epoch still reads."""
+        the first ``now`` of them (all, if None) are what its current epoch still reads.
+        ``scale``: how many steps of the node's common clock one part of this reader lasts (its
+        ``k``-th part is needed at ``k · scale``), so that orders of readers that move through
+        their parts at other paces (a mixture's components) compare by when, not by place."""
         with self._lock:
             self._upcoming[reader] = upcoming[:UPCOMING_LIMIT]
             self._now[reader] = min(len(upcoming), UPCOMING_LIMIT) if now is None else min(now, UPCOMING_LIMIT)
+            self._scale[reader] = float(scale)
             self._write()
 
     def holds(self, item: str) -> bool:
@@ -123,6 +130,7 @@ class ProcessLease:
             "held": sorted(self._held),
             "upcoming": [self._upcoming[reader] for reader in readers],
             "now": [self._now.get(reader, len(self._upcoming[reader])) for reader in readers],
+            "scale": [self._scale.get(reader, 1.0) for reader in readers],
         }
         temp = self.json_path.with_name(f".{self.json_path.name}.{uuid.uuid4().hex[:8]}")
         fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
@@ -168,7 +176,7 @@ class LiveLeases:
     """What the live processes of a node hold, and when they need each part next."""
 
     held: frozenset[str]
-    next_use: dict[str, int]  # item -> the earliest position in any live reader's order
+    next_use: dict[str, float]  # item -> the earliest position in any live reader's order, scaled
     processes: int
     # Items some live reader still reads in the epoch it reads now (a fetch ahead leaves them).
     needed_now: frozenset[str] = frozenset()
@@ -212,7 +220,7 @@ def remove_dead_leases(directory: Path) -> list[Path]:
 def live_leases(root: Path) -> LiveLeases:
     """The leases of live processes under ``root``; a dead process's lease files are removed."""
     held: set[str] = set()
-    next_use: dict[str, int] = {}
+    next_use: dict[str, float] = {}
     needed_now: set[str] = set()
     processes = 0
     for json_path in remove_dead_leases(root / LEASES_DIR):
@@ -224,12 +232,14 @@ def live_leases(root: Path) -> LiveLeases:
         held.update(str(item) for item in data.get("held", []))
         orders = data.get("upcoming", [])
         nows = data.get("now", [])
+        scales = data.get("scale", [])
         for number, order in enumerate(orders):
             # A lease without "now" (an older yogacache): its whole order counts as current.
             now = nows[number] if number < len(nows) and isinstance(nows[number], int) else len(order)
+            scale = scales[number] if number < len(scales) and isinstance(scales[number], (int, float)) else 1.0
             for position, item in enumerate(order):
-                if position < next_use.get(item, math.inf):
-                    next_use[item] = position
+                if position * scale < next_use.get(item, math.inf):
+                    next_use[item] = position * scale
                 if position < now:
                     needed_now.add(item)
     return LiveLeases(frozenset(held), next_use, processes, frozenset(needed_now))

@@ -103,6 +103,9 @@ class StreamingParts:
         self.object_urls = list(object_urls)
         self.limit = limit
         self.transfer_threads = max(1, transfer_threads)
+        # How long the reader reads each part, against the node's other readers: 1, or more for
+        # a mixture's component read less often than others (``CacheReader.set_part_pace``).
+        self.scale = 1.0
         # A reader holds one part at a time under a budget, else every part it opened.
         self.keep_open = 1 if limit is not None else len(manifest.parts)
         self._objects = objects
@@ -247,7 +250,7 @@ class StreamingParts:
         with self._lock:
             needed, now, _start = self._reading.needed()
         upcoming = needed[: budget.UPCOMING_LIMIT]
-        budget.process_lease(self.root).announce(self._key, [self.item(index) for index in upcoming], now)
+        budget.process_lease(self.root).announce(self._key, [self.item(index) for index in upcoming], now, self.scale)
 
     def _note_step(self) -> None:
         """Measures the reader's pace: the seconds it reads per part of its order, from one
@@ -417,7 +420,7 @@ class StreamingParts:
                 self.root,
                 part.size_bytes,
                 self.limit,
-                sooner_than=distance if not on_demand else 0,
+                sooner_than=distance * self.scale if not on_demand else 0,
                 ahead=not on_demand,
                 before_release=lambda: reserved.append(
                     budget.create_reservation(self.directory, name, part.size_bytes)
