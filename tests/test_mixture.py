@@ -109,8 +109,12 @@ def test_the_default_epoch_size_is_every_record_once(caches: Caches) -> None:
     natural = Mixture(caches.all)  # no weights: each weighs its records, every record once
     assert len(natural) == total and natural.counts == tuple(SIZES[name] for name in NAMES)
     stream = natural.stream(shuffle=True, shuffle_seed=2)
-    assert len(stream) == total and sorted(ids(stream)) == sorted(r for name in NAMES for r in range(BASES[name], BASES[name] + SIZES[name]))
-    with pytest.raises(ValueError, match="component 1 has no weight and others have: give every component a weight, or none"):
+    assert len(stream) == total and sorted(ids(stream)) == sorted(
+        r for name in NAMES for r in range(BASES[name], BASES[name] + SIZES[name])
+    )
+    with pytest.raises(
+        ValueError, match="component 1 has no weight and others have: give every component a weight, or none"
+    ):
         Mixture([Component(caches["a"], weight=2), caches["b"]])
 
 

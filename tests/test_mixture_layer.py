@@ -69,11 +69,15 @@ def test_a_cache_that_does_not_exist_is_named(config: dict[str, Any]) -> None:
 
 
 @pytest.mark.parametrize("returns", ["stream", "torch", "tf"])
-def test_train_mixture_reads_this_ranks_share_from_the_layers_resume_state(config: dict[str, Any], returns: str) -> None:
+def test_train_mixture_reads_this_ranks_share_from_the_layers_resume_state(
+    config: dict[str, Any], returns: str
+) -> None:
     whole = []
     for rank in range(2):
         layer = DataLayer(config, show_progress=False, seed=4, rank=rank, num_shards=2)
-        whole.append(_labels(layer.train_mixture(layer.mixture([("web", "v1"), ("code", "v1")]), shuffle=True, returns="stream")))
+        whole.append(
+            _labels(layer.train_mixture(layer.mixture([("web", "v1"), ("code", "v1")]), shuffle=True, returns="stream"))
+        )
     assert sorted(whole[0] + whole[1]) == sorted(range(60)) + sorted(range(1000, 1024))
 
     # A state after 10 records of each of two ranks, resumed by one rank: the rest, once.
@@ -93,7 +97,10 @@ def test_train_mixture_reads_this_ranks_share_from_the_layers_resume_state(confi
 
     # offset= counts this rank's records, as for one cache.
     offset = DataLayer(config, show_progress=False, seed=4, rank=1, num_shards=2, offset=5)
-    assert _labels(offset.train_mixture(offset.mixture([("web", "v1"), ("code", "v1")]), shuffle=True, returns="stream")) == whole[1][5:]
+    assert (
+        _labels(offset.train_mixture(offset.mixture([("web", "v1"), ("code", "v1")]), shuffle=True, returns="stream"))
+        == whole[1][5:]
+    )
 
 
 def test_validation_mixture_reads_the_same_records_every_time(config: dict[str, Any]) -> None:
@@ -111,7 +118,7 @@ def test_load_mixture_reads_a_yaml_file_with_its_data_layer(config: dict[str, An
     path.write_text(
         f"""data_layer:
   type: shared_fs
-  host_storage_path: {config['host_storage_path']}
+  host_storage_path: {config["host_storage_path"]}
 mixture:
   epoch_size: 40
   components:
@@ -134,12 +141,20 @@ mixture:
         ({"components": []}, "non-empty list"),
         ({"components": [{"dataset_id": "web"}]}, r"components\[0\] needs dataset_id and dataset_version"),
         ({"components": [{"dataset_id": "web", "dataset_version": "v1", "wieght": 1}]}, "unknown mixture.components"),
-        ({"components": [{"dataset_id": "web", "dataset_version": "v1", "weight": -1}]}, "weight must be a finite number"),
-        ({"components": [{"dataset_id": "web", "dataset_version": "v1"}], "stopping": "never"}, "stopping must be one of"),
+        (
+            {"components": [{"dataset_id": "web", "dataset_version": "v1", "weight": -1}]},
+            "weight must be a finite number",
+        ),
+        (
+            {"components": [{"dataset_id": "web", "dataset_version": "v1"}], "stopping": "never"},
+            "stopping must be one of",
+        ),
         ({"components": [{"dataset_id": "web", "dataset_version": "v1"}], "epochs": 3}, "unknown mixture keys"),
     ],
 )
-def test_a_bad_section_is_one_line_naming_the_key(config: dict[str, Any], section: dict[str, Any], message: str) -> None:
+def test_a_bad_section_is_one_line_naming_the_key(
+    config: dict[str, Any], section: dict[str, Any], message: str
+) -> None:
     layer = DataLayer(config, show_progress=False)
     with pytest.raises(ConfigError, match=message) as caught:
         layer.mixture(section)

@@ -60,7 +60,9 @@ def test_a_component_on_a_slower_store_is_fetched_further_ahead(
     prefixes = {"near": unique("near"), "far": unique("far")}
     for fill, (name, prefix) in enumerate(prefixes.items()):
         objects = S3ObjectStore(bucket, prefix, endpoint_url=s3_server.endpoint_url)
-        builder = RemoteCacheStore(objects, tmp_path / f"builder-{name}", part_size_bytes=PART_BYTES, show_progress=False)
+        builder = RemoteCacheStore(
+            objects, tmp_path / f"builder-{name}", part_size_bytes=PART_BYTES, show_progress=False
+        )
         builder.get_or_build(name, "v1", lambda fill=fill: _data(fill * 10_000))
 
     def open_streamed(node: Path, endpoints: dict[str, str], limit: int) -> list[Any]:

@@ -227,7 +227,9 @@ class Mixture:
             raise ConfigError(f"unknown mixture keys {unknown}; valid keys: {', '.join(sorted(allowed))}")
         raw = section.get("components")
         if not isinstance(raw, Sequence) or isinstance(raw, (str, bytes)) or not raw:
-            raise ConfigError("mixture.components must be a non-empty list of {dataset_id, dataset_version, weight} entries")
+            raise ConfigError(
+                "mixture.components must be a non-empty list of {dataset_id, dataset_version, weight} entries"
+            )
         stopping = section.get("stopping")
         if stopping is not None and stopping not in STOPPING_RULES:
             raise ConfigError(f"mixture.stopping must be one of {STOPPING_RULES}, got {stopping!r}")
@@ -249,7 +251,7 @@ class Mixture:
                 share = Share(weight=entry.get("weight"), repeat=entry.get("repeat"), samples=entry.get("samples"))
             except (TypeError, ValueError) as error:
                 raise ConfigError(f"{where}: {error}") from None
-            reader = opener(target, ids[0], ids[1])
+            reader = opener(target, str(ids[0]), str(ids[1]))
             components.append(Component(reader, weight=share.weight, repeat=share.repeat, samples=share.samples))
         try:
             return cls(components, epoch_size=section.get("epoch_size"), stopping=stopping)

@@ -33,9 +33,9 @@ except ImportError as error:  # pragma: no cover - exercised only without torch
 from yogacache import launcher
 from yogacache.format.spec import STRING, Spec, TensorSpec, flatten, spec_leaves, unflatten
 from yogacache.read.epochs import EpochReader
+from yogacache.read.mixture_reader import MixtureReader
 from yogacache.read.options import ReadOptions, stream_arguments, stream_signature
 from yogacache.read.pipeline import ReaderSource
-from yogacache.read.mixture_reader import MixtureReader
 from yogacache.read.reader import CacheReader
 from yogacache.read.schedule import ReadSchedule
 
@@ -47,12 +47,13 @@ CacheSource = Union[CacheReader, ReaderSource, str, "os.PathLike[str]"]
 
 def open_reader(source: CacheSource) -> CacheReader:
     """The reader of a cache given as a CacheReader, a CacheDataRef (anything with a ``reader``)
-    or a cache directory."""
+    or a cache directory; or of a mixture (a ``yogacache.Mixture``), whose ``MixtureReader``
+    reads as a CacheReader does."""
     if isinstance(source, (CacheReader, MixtureReader)):
-        return source  # type: ignore[return-value]
+        return source  # type: ignore[return-value]  # a MixtureReader reads as a CacheReader
     reader = getattr(source, "reader", None)
     if isinstance(reader, (CacheReader, MixtureReader)):
-        return reader  # type: ignore[no-any-return]
+        return reader  # type: ignore[return-value]
     if isinstance(source, (str, os.PathLike)):
         return CacheReader(source)  # type: ignore[arg-type]
     raise TypeError(

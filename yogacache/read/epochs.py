@@ -152,12 +152,29 @@ def warn_random_streaming(reader: CacheReader, schedule: ReadSchedule, sizes: Re
     key = (str(reader.directory), mode)
     if budget is None or key in _WARNED_RANDOM_STREAMS:
         return
-    layout = reader.layout
+    layout = layout_of(reader)
     records = len(schedule) * max(1, schedule.options.ranks_per_node or 1)
     warning = shuffle_budget_warning(mode, layout, budget, records, sizes.full) if schedule.options.shuffle else None
     if warning is not None:
         _WARNED_RANDOM_STREAMS.add(key)
         log.warning("%s", warning)
+
+
+def schedule_of(reader: Any, options: ReadOptions) -> ReadSchedule:
+    """The read order of one rank of ``reader``'s records as ``options`` say, fitted to the
+    node's byte budget where they are streamed: a reader that orders its records itself says it
+    (``read_schedule``: a mixture's, ``yogacache.read.mixture_reader``); a cache's is its
+    ``ReadSchedule``."""
+    own = getattr(reader, "read_schedule", None)
+    if own is not None:
+        return own(options)  # type: ignore[no-any-return]
+    return ReadSchedule(len(reader), options, layout_of(reader), budget_bytes=reader.streaming_budget)
+
+
+def layout_of(reader: Any) -> PartLayout:
+    """How ``reader``'s records lie in parts: a mixture's ``layout``, a cache's manifest's."""
+    own = getattr(reader, "layout", None)
+    return own if isinstance(own, PartLayout) else PartLayout.from_manifest(reader.manifest)
 
 
 class EpochReader:
@@ -166,8 +183,7 @@ class EpochReader:
     def __init__(self, reader: CacheReader, options: ReadOptions) -> None:
         self.reader = reader
         self.options = options
-        # A cache's ``ReadSchedule``, or a mixture's (``yogacache.read.mixture``): the reader's own.
-        self.schedule = reader.read_schedule(options)
+        self.schedule = schedule_of(reader, options)
         self.sizes = ReadSizes.for_records(len(reader), reader.average_record_bytes)
         warn_random_streaming(reader, self.schedule, self.sizes)
 

@@ -158,8 +158,7 @@ def mixture_counts(
         if epoch_size is not None or stopping is not None:
             what = "epoch_size" if epoch_size is not None else f"stopping={stopping!r}"
             raise ValueError(
-                f"{what} applies to weights; repeat and samples set each component's records per "
-                "epoch themselves"
+                f"{what} applies to weights; repeat and samples set each component's records per epoch themselves"
             )
         counts = []
         for size, share in zip(sizes, shares):
@@ -188,23 +187,23 @@ def mixture_counts(
     if stopping == "first_exhausted":
         positive = p > 0
         total = int(math.floor(min(np.asarray(sizes)[positive] / p[positive]) * (1 + 1e-12)))
-        counts = apportion(total, p)
-        while np.any(counts > np.asarray(sizes)):  # float rounding: one record too many
+        shared = apportion(total, p)
+        while np.any(shared > np.asarray(sizes)):  # float rounding: one record too many
             total -= 1
-            counts = apportion(total, p)
+            shared = apportion(total, p)
     elif stopping == "all_exhausted":
         positive = p > 0
         total = int(math.ceil(max(np.asarray(sizes)[positive] / p[positive]) * (1 - 1e-12)))
-        counts = apportion(total, p)
-        while np.any((counts < np.asarray(sizes)) & positive):
+        shared = apportion(total, p)
+        while np.any((shared < np.asarray(sizes)) & positive):
             total += 1
-            counts = apportion(total, p)
+            shared = apportion(total, p)
     else:
         total = sum(sizes) if epoch_size is None else as_int(epoch_size, "epoch_size")
         if total < 1:
             raise ValueError(f"epoch_size must be at least 1, got {total}")
-        counts = apportion(total, p)
-    return tuple(int(count) for count in counts)
+        shared = apportion(total, p)
+    return tuple(int(count) for count in shared)
 
 
 def check_weights(weights: Any, components: int) -> list[float]:
@@ -428,9 +427,7 @@ class MixtureState:
         if not isinstance(state, Mapping):
             raise TypeError(f"a resume state is a dict, not {type(state).__name__}")
         if state.get("mode") != MIXTURE_MODE:
-            raise ValueError(
-                f"the resume state is for one cache (shuffle_mode={state.get('mode')!r}), not a mixture"
-            )
+            raise ValueError(f"the resume state is for one cache (shuffle_mode={state.get('mode')!r}), not a mixture")
         if state.get("version", MIXTURE_STATE_VERSION) != MIXTURE_STATE_VERSION:
             raise ValueError(f"mixture resume state version {state.get('version')!r} is not {MIXTURE_STATE_VERSION}")
         known = {"version", "mode", "epoch", "consumed", "seed", "order", "num_records", "components"}
@@ -449,9 +446,13 @@ class MixtureState:
         if not isinstance(order, str):
             raise ValueError(f"mixture resume state order must be a shuffle mode name, got {order!r}")
         try:
-            components = tuple((str(name), as_int(records, "records"), as_int(count, "count")) for name, records, count in raw)
+            components = tuple(
+                (str(name), as_int(records, "records"), as_int(count, "count")) for name, records, count in raw
+            )
         except (TypeError, ValueError):
-            raise ValueError("mixture resume state components must be [name, records, records per epoch] lists") from None
+            raise ValueError(
+                "mixture resume state components must be [name, records, records per epoch] lists"
+            ) from None
         seed = state.get("seed")
         return cls(epoch, consumed, None if seed is None else as_int(seed, "resume state seed"), order, components)
 
@@ -539,7 +540,10 @@ class MixtureSchedule:
         largest = np.array([int(layout.sizes.max()) if layout.num_parts else 0 for layout in self.layouts])
         floors = np.where(reads, 3 * largest, 0)
         rates = np.array(
-            [layout.num_bytes * count / max(1, size) for layout, count, size in zip(self.layouts, mixed.counts, mixed.sizes)],
+            [
+                layout.num_bytes * count / max(1, size)
+                for layout, count, size in zip(self.layouts, mixed.counts, mixed.sizes)
+            ],
             dtype=np.float64,
         )
         shares = rates / rates.sum() if rates.sum() > 0 else np.full(len(rates), 1 / len(rates))
@@ -587,8 +591,8 @@ class MixtureSchedule:
             begin, end = drawn * count + int(before[i]), (drawn + 1) * count
             scale = mixed.epoch_size / count
 
-            def at(draw: int) -> int:
-                slot = (draw - drawn * count + 0.5) * scale
+            def at(draw: int, first_draw: int = drawn * count, scale: float = scale) -> int:
+                slot = (draw - first_draw + 0.5) * scale
                 return max(0, int((slot - position) // shards))
 
             for number in range(begin // size, (end - 1) // size + 1):
@@ -633,7 +637,8 @@ class MixtureSchedule:
                 )
             if records != size:
                 raise ValueError(
-                    f"mixture component {i} ({now}) changed since the checkpoint: it had {records} records, it has {size}"
+                    f"mixture component {i} ({now}) changed since the checkpoint: it had {records} records, "
+                    f"it has {size}"
                 )
         for i, ((_, _, count), (now, _, share)) in pairs:
             if count != share:

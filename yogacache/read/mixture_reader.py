@@ -72,7 +72,7 @@ class MixtureReader:
             raise ValueError(f"a mixture of {len(self.readers)} components got {len(self.counts)} counts")
         self.sizes = np.array([len(reader) for reader in self.readers], dtype=np.int64)
         self.offsets = np.concatenate([[0], np.cumsum(self.sizes)[:-1]]).astype(np.int64)
-        self.layouts = [reader.layout for reader in self.readers]
+        self.layouts = [PartLayout.from_manifest(reader.manifest) for reader in self.readers]
         self.part_bases = np.concatenate([[0], np.cumsum([layout.num_parts for layout in self.layouts])[:-1]])
         self.directory = Path(f"mixture({', '.join(self.names)})")  # names it in messages
         self._pace_parts()
@@ -83,7 +83,7 @@ class MixtureReader:
         eviction, which compares the components' announced orders, compares them by when each
         part is needed (the fastest-moving component's parts count 1 each)."""
         lasting = [
-            (len(reader) / max(1, reader.layout.num_parts)) / count if count else float("inf")
+            (len(reader) / max(1, len(reader.manifest.parts))) / count if count else float("inf")
             for reader, count in zip(self.readers, self.counts)
         ]
         shortest = min(lasting)
@@ -143,9 +143,7 @@ class MixtureReader:
             component = components[0] if components else 0
             return [(component, indices - self.offsets[component], None)]
         return [
-            (i, indices[where] - self.offsets[i], where)
-            for i in components
-            for where in (np.flatnonzero(owner == i),)
+            (i, indices[where] - self.offsets[i], where) for i in components for where in (np.flatnonzero(owner == i),)
         ]
 
     def _gathered(self, indices: Any, read: Callable[[CacheReader, np.ndarray], list[Any]], count: int) -> list[Any]:

@@ -39,9 +39,6 @@ from yogacache.format.layout import FixedLayout
 from yogacache.format.manifest import Manifest, PartInfo
 from yogacache.format.pages import RecordOffsets, map_file, record_offsets
 from yogacache.format.spec import unflatten
-from yogacache.read.layout import PartLayout
-from yogacache.read.options import ReadOptions
-from yogacache.read.schedule import ReadSchedule
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -63,6 +60,8 @@ class PartProvider(Protocol):
     """
 
     keep_open: int
+    # How long the reader reads each part against the node's other readers (``set_part_pace``).
+    scale: float
 
     def acquire(self, index: int) -> Path: ...
 
@@ -514,18 +513,8 @@ class CacheReader:
         return self.manifest.element_spec
 
     @property
-    def layout(self) -> PartLayout:
-        """How the records lie in the parts (``PartLayout.from_manifest``)."""
-        return PartLayout.from_manifest(self.manifest)
-
-    @property
     def average_record_bytes(self) -> int:
         return self.manifest.average_record_bytes
-
-    def read_schedule(self, options: ReadOptions) -> ReadSchedule:
-        """This cache's read order for one rank as ``options`` say, fitted to the node's byte
-        budget where the cache is streamed (what ``EpochReader`` reads by)."""
-        return ReadSchedule(len(self), options, self.layout, budget_bytes=self.streaming_budget)
 
     def _environments(self) -> list[_PartEnvironment]:
         """This process's environments of the parts; a read keeps the list while it runs
