@@ -128,3 +128,23 @@ def test_the_s3_on_this_machine_snippet_runs(s3_server: Any, tmp_path: Path) -> 
     )
     assert listed.returncode == 0, listed.stderr
     assert [(row["dataset_id"], row["records"]) for row in json.loads(listed.stdout)] == [("squares", 1000)]
+
+
+# -- issue 25: the mixture section runs as pasted ---------------------------------------------------
+def test_the_mixture_snippet_runs_as_pasted(tmp_path: Path) -> None:
+    snippet = readme_block("## Mixtures")
+    assert "/tmp/yogacache_mix" in snippet and "docs/mixtures.md" in section("## Mixtures")
+    code = snippet.replace("/tmp/yogacache_mix", str(tmp_path / "fresh" / "yogacache_mix"))
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().splitlines()[-1] == "[6300, 1800, 900]"
+    assert "The last line prints `[6300, 1800, 900]`" in section("## Mixtures")
+
+
+def test_the_mixture_benchmark_section_names_its_command_and_targets() -> None:
+    text = readme()
+    start = text.index("**Mixtures** — `.venv/bin/python benchmarks/bench_mix.py`")
+    block = text[start : text.index("**Parts fetched under a budget**", start)]
+    assert "DataLoader" in block and "shuffled" in block and "half the bytes as budget" in block
+    assert "MosaicML" in block and "LitData" in block and "Targets, all met" in block
