@@ -152,7 +152,8 @@ def test_counts_are_the_shares_of_the_epoch(case: Case) -> None:
             )
             assert count == expected
         return
-    weights = np.array([1.0 if s.weight is None else s.weight for s in case.shares])
+    # No weights at all: each component weighs its records (the natural proportions).
+    weights = np.array([float(n) if s.weight is None else s.weight for s, n in zip(case.shares, sizes)])
     p = weights / weights.sum()
     quotas = p * total
     assert (np.abs(counts - quotas) < 1).all()  # each within one record of its quota

@@ -78,8 +78,8 @@ MIXTURE_STATE_VERSION = 1
 @dataclass(frozen=True)
 class Share:
     """What a component takes of each epoch: a relative ``weight``, or absolutely ``repeat``
-    passes over it or ``samples`` records (at most one of the three; none: weight 1, or repeat
-    1 in a mixture of absolute shares)."""
+    passes over it or ``samples`` records (at most one of the three; none: its records as its
+    weight where no component has one, repeat 1 in a mixture of absolute shares)."""
 
     weight: Optional[float] = None
     repeat: Optional[float] = None
