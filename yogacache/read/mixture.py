@@ -51,7 +51,16 @@ from yogacache.arguments import as_int
 from yogacache.read.layout import PartLayout, PartUse
 from yogacache.read.permutation import _mix
 from yogacache.read.plans import EpochPlan, Point, StridedPlan
-from yogacache.read.shuffle import GlobalMode, ShuffleMode, shuffle_mode
+from yogacache.read.schedule import ReadSchedule
+from yogacache.read.shuffle import (
+    MIXTURE_MODE,
+    GlobalMode,
+    MixtureState,
+    ResumeState,
+    ShuffleMode,
+    is_mixture_state,
+    shuffle_mode,
+)
 
 __all__ = [
     "MIXTURE_MODE",
@@ -67,9 +76,7 @@ __all__ = [
     "mixture_counts",
 ]
 
-MIXTURE_MODE = "mixture"
 STOPPING_RULES = ("first_exhausted", "all_exhausted")
-MIXTURE_STATE_VERSION = 1
 
 
 # -- how many records of each component an epoch reads -----------------------------------------
@@ -399,66 +406,6 @@ class MixtureMode(GlobalMode):
 # -- resume states ---------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class MixtureState:
-    """A mixture's resume state: where the epoch stands (``epoch``, ``consumed`` by all ranks)
-    and what it mixed, so that resuming another mixture is refused, naming what changed."""
-
-    epoch: int
-    consumed: int
-    seed: Optional[int]
-    order: str
-    components: tuple[tuple[str, int, int], ...]  # (name, records, records per epoch)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "version": MIXTURE_STATE_VERSION,
-            "mode": MIXTURE_MODE,
-            "epoch": self.epoch,
-            "consumed": self.consumed,
-            "seed": self.seed,
-            "order": self.order,
-            "num_records": sum(count for _, _, count in self.components),
-            "components": [list(each) for each in self.components],
-        }
-
-    @classmethod
-    def from_dict(cls, state: Mapping[str, Any]) -> MixtureState:
-        if not isinstance(state, Mapping):
-            raise TypeError(f"a resume state is a dict, not {type(state).__name__}")
-        if state.get("mode") != MIXTURE_MODE:
-            raise ValueError(f"the resume state is for one cache (shuffle_mode={state.get('mode')!r}), not a mixture")
-        if state.get("version", MIXTURE_STATE_VERSION) != MIXTURE_STATE_VERSION:
-            raise ValueError(f"mixture resume state version {state.get('version')!r} is not {MIXTURE_STATE_VERSION}")
-        known = {"version", "mode", "epoch", "consumed", "seed", "order", "num_records", "components"}
-        unknown = sorted(set(state) - known)
-        if unknown:
-            raise ValueError(f"mixture resume state has unknown keys {unknown}")
-        try:
-            epoch = as_int(state["epoch"], "resume state epoch")
-            consumed = as_int(state["consumed"], "resume state consumed")
-            raw = state["components"]
-            order = state["order"]
-        except KeyError as error:
-            raise ValueError(f"mixture resume state lacks {error.args[0]!r}") from None
-        if epoch < 0 or consumed < 0:
-            raise ValueError(f"mixture resume state fields must not be negative: epoch {epoch}, consumed {consumed}")
-        if not isinstance(order, str):
-            raise ValueError(f"mixture resume state order must be a shuffle mode name, got {order!r}")
-        try:
-            components = tuple(
-                (str(name), as_int(records, "records"), as_int(count, "count")) for name, records, count in raw
-            )
-        except (TypeError, ValueError):
-            raise ValueError(
-                "mixture resume state components must be [name, records, records per epoch] lists"
-            ) from None
-        seed = state.get("seed")
-        return cls(epoch, consumed, None if seed is None else as_int(seed, "resume state seed"), order, components)
-
-
-def is_mixture_state(state: Any) -> bool:
-    return isinstance(state, Mapping) and state.get("mode") == MIXTURE_MODE
 
 
 # -- the schedule ----------------------------------------------------------------------------------
@@ -481,8 +428,10 @@ def _pass_options(options: Any, component: int) -> Any:
     )
 
 
-class MixtureSchedule:
-    """The read order of one rank over a mixture (the ``ReadSchedule`` of a ``MixtureReader``).
+class MixtureSchedule(ReadSchedule):
+    """The read order of one rank over a mixture (the ``ReadSchedule`` of a ``MixtureReader``):
+    ``ReadSchedule``'s lengths, plans and moves over the mixed order (``MixtureMode``), with the
+    mixture's own budget fitting, parts and resume states.
 
     ``names``, ``sizes`` and ``layouts`` describe the components, ``counts`` their records per
     epoch (``mixture_counts``); ``options.shuffle_mode`` is each component's own order.
@@ -518,6 +467,7 @@ class MixtureSchedule:
             rotate=rotate,
         )
         self.order = MixtureMode(self.mixed, options)
+        self.num_records = self.mixed.epoch_size
         self.part_bases = np.concatenate([[0], np.cumsum([layout.num_parts for layout in layouts])[:-1]])
         self.fit_budget(budget_bytes)
         self.start: Point
@@ -552,28 +502,8 @@ class MixtureSchedule:
             mode.fit_budget(max(1, floor + int(rest * share)))
 
     @property
-    def mode(self) -> str:
-        return MIXTURE_MODE
-
-    @property
-    def num_records(self) -> int:
-        return self.mixed.epoch_size
-
-    @property
     def counts(self) -> tuple[int, ...]:
         return tuple(int(count) for count in self.mixed.counts)
-
-    def __len__(self) -> int:
-        return len(self.order)
-
-    def remaining(self, position: int) -> int:
-        return self.order.remaining(position)
-
-    def plan(self, epoch: int, position: int = 0) -> EpochPlan:
-        return self.order.plan(epoch, position)
-
-    def advance(self, point: Point, records: int) -> Point:
-        return self.order.advance(point, records)
 
     def parts_needed(self, epoch: int, position: int = 0) -> list[PartUse]:
         """The parts (numbered across components: ``part_bases``) this rank reads of ``epoch``
@@ -656,7 +586,5 @@ class MixtureSchedule:
             )
         if state.consumed > self.num_records:
             raise ValueError(f"the resume state consumed {state.consumed} records of an epoch of {self.num_records}")
-        from yogacache.read.shuffle import ResumeState
-
         point = ResumeState(MIXTURE_MODE, state.epoch, state.consumed, state.seed, self.num_records)
-        return GlobalMode.resume_point(self.order, point)
+        return self.order.resume_point(point)

@@ -17,8 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional
 
 from yogacache.arguments import as_int, skip_shuffle_flag
-from yogacache.read.mixture import MixtureState, is_mixture_state
-from yogacache.read.shuffle import SHUFFLE_MODES, ResumeState, ShardMode, shuffle_mode
+from yogacache.read.shuffle import SHUFFLE_MODES, MixtureState, ResumeState, ShardMode, is_mixture_state, shuffle_mode
 
 __all__ = [
     "DEFAULT_SHUFFLE_MODE",

@@ -15,7 +15,6 @@ from typing import Any, Mapping, Optional
 
 from yogacache.arguments import as_int
 from yogacache.read.layout import PartLayout, PartUse
-from yogacache.read.mixture import is_mixture_state
 from yogacache.read.options import ReadOptions
 from yogacache.read.shuffle import (
     STATE_VERSION,
@@ -24,6 +23,7 @@ from yogacache.read.shuffle import (
     GlobalPlan,
     ResumeState,
     ShuffleMode,
+    is_mixture_state,
     shuffle_mode,
 )
 

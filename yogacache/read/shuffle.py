@@ -52,6 +52,8 @@ __all__ = [
     "EpochPlan",
     "GlobalMode",
     "GlobalPlan",
+    "MIXTURE_MODE",
+    "MixtureState",
     "OrderOptions",
     "ResumeState",
     "SHUFFLE_MODES",
@@ -59,6 +61,7 @@ __all__ = [
     "ShardMode",
     "ShuffleMode",
     "StridedPlan",
+    "is_mixture_state",
     "shuffle_mode",
 ]
 
@@ -175,6 +178,72 @@ class ResumeState:
             num_shards=optional.pop("num_shards"),
             fields=optional,
         )
+
+
+MIXTURE_MODE = "mixture"
+MIXTURE_STATE_VERSION = 1
+
+
+@dataclass(frozen=True)
+class MixtureState:
+    """A mixture's resume state: where the epoch stands (``epoch``, ``consumed`` by all ranks)
+    and what it mixed, so that resuming another mixture is refused, naming what changed."""
+
+    epoch: int
+    consumed: int
+    seed: Optional[int]
+    order: str
+    components: tuple[tuple[str, int, int], ...]  # (name, records, records per epoch)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "version": MIXTURE_STATE_VERSION,
+            "mode": MIXTURE_MODE,
+            "epoch": self.epoch,
+            "consumed": self.consumed,
+            "seed": self.seed,
+            "order": self.order,
+            "num_records": sum(count for _, _, count in self.components),
+            "components": [list(each) for each in self.components],
+        }
+
+    @classmethod
+    def from_dict(cls, state: Mapping[str, Any]) -> MixtureState:
+        if not isinstance(state, Mapping):
+            raise TypeError(f"a resume state is a dict, not {type(state).__name__}")
+        if state.get("mode") != MIXTURE_MODE:
+            raise ValueError(f"the resume state is for one cache (shuffle_mode={state.get('mode')!r}), not a mixture")
+        if state.get("version", MIXTURE_STATE_VERSION) != MIXTURE_STATE_VERSION:
+            raise ValueError(f"mixture resume state version {state.get('version')!r} is not {MIXTURE_STATE_VERSION}")
+        known = {"version", "mode", "epoch", "consumed", "seed", "order", "num_records", "components"}
+        unknown = sorted(set(state) - known)
+        if unknown:
+            raise ValueError(f"mixture resume state has unknown keys {unknown}")
+        try:
+            epoch = as_int(state["epoch"], "resume state epoch")
+            consumed = as_int(state["consumed"], "resume state consumed")
+            raw = state["components"]
+            order = state["order"]
+        except KeyError as error:
+            raise ValueError(f"mixture resume state lacks {error.args[0]!r}") from None
+        if epoch < 0 or consumed < 0:
+            raise ValueError(f"mixture resume state fields must not be negative: epoch {epoch}, consumed {consumed}")
+        if not isinstance(order, str):
+            raise ValueError(f"mixture resume state order must be a shuffle mode name, got {order!r}")
+        try:
+            components = tuple(
+                (str(name), as_int(records, "records"), as_int(count, "count")) for name, records, count in raw
+            )
+        except (TypeError, ValueError):
+            raise ValueError(
+                "mixture resume state components must be [name, records, records per epoch] lists"
+            ) from None
+        seed = state.get("seed")
+        return cls(epoch, consumed, None if seed is None else as_int(seed, "resume state seed"), order, components)
+
+
+def is_mixture_state(state: Any) -> bool:
+    return isinstance(state, Mapping) and state.get("mode") == MIXTURE_MODE
 
 
 # -- modes --------------------------------------------------------------------------------------

@@ -102,6 +102,7 @@ class StreamingParts:
         self.object_keys = list(object_keys)
         self.object_urls = list(object_urls)
         self.limit = limit
+        self.largest_part = max((part.size_bytes for part in manifest.parts), default=0)
         self.transfer_threads = max(1, transfer_threads)
         # How long the reader reads each part, against the node's other readers: 1, or more for
         # a mixture's component read less often than others (``CacheReader.set_part_pace``).
@@ -157,10 +158,6 @@ class StreamingParts:
                 raise ConfigError("this streamed reader cannot reach its object store in this process")
             self._objects = self._objects_factory()
         return self._objects
-
-    @property
-    def _largest_part(self) -> int:
-        return max((part.size_bytes for part in self.manifest.parts), default=0)
 
     def path(self, index: int) -> Path:
         return self.directory / self.file_names[index]
@@ -281,8 +278,7 @@ class StreamingParts:
         budget holds: half its parts, and the transfer threads)."""
         if self.limit is None:
             return MAX_AHEAD
-        largest = max(part.size_bytes for part in self.manifest.parts)
-        fits = self.limit // max(1, largest)
+        fits = self.limit // max(1, self.largest_part)
         base = max(1, min(BUDGET_AHEAD, self.transfer_threads, (fits - 1) // 2))
         paced = pace_ahead(self._fetch_seconds, self._step_seconds)
         return max(base, min(paced, self.transfer_threads, fits // 2))
@@ -352,7 +348,7 @@ class StreamingParts:
                 return  # no room to fetch ahead now; the reader fetches it when it gets there
             began = time.monotonic()
             self._download(index, temp, stopping)
-            seconds = (time.monotonic() - began) * max(1, self._largest_part) / max(1, part.size_bytes)
+            seconds = (time.monotonic() - began) * max(1, self.largest_part) / max(1, part.size_bytes)
             with self._lock:
                 self._fetch_seconds = _averaged(self._fetch_seconds, seconds)
             fsync_path(self.directory)
