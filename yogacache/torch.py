@@ -18,9 +18,8 @@ from __future__ import annotations
 
 import copy
 import operator
-import os
 import warnings
-from typing import Any, Callable, Iterator, Mapping, Optional, Sequence, Union
+from typing import Any, Callable, Iterator, Mapping, Optional, Sequence
 
 import numpy as np
 
@@ -33,34 +32,14 @@ except ImportError as error:  # pragma: no cover - exercised only without torch
 from yogacache import launcher
 from yogacache.format.spec import STRING, Spec, TensorSpec, flatten, spec_leaves, unflatten
 from yogacache.read.epochs import EpochReader
-from yogacache.read.mixture_reader import MixtureReader
 from yogacache.read.options import ReadOptions, stream_arguments, stream_signature
-from yogacache.read.pipeline import ReaderSource
+from yogacache.read.pipeline import CacheSource, open_reader
 from yogacache.read.reader import CacheReader
 from yogacache.read.schedule import ReadSchedule
 
-__all__ = ["CacheDataLoader", "CacheDataset", "CacheIterableDataset", "open_reader"]
+__all__ = ["CacheDataLoader", "CacheDataset", "CacheIterableDataset", "open_reader"]  # open_reader: yogacache.read.pipeline
 
 OUTPUTS = ("torch", "numpy")
-CacheSource = Union[CacheReader, ReaderSource, str, "os.PathLike[str]"]
-
-
-def open_reader(source: CacheSource) -> CacheReader:
-    """The reader of a cache given as a CacheReader, a CacheDataRef (anything with a ``reader``)
-    or a cache directory; or of a mixture (a ``yogacache.Mixture``), whose ``MixtureReader``
-    reads as a CacheReader does."""
-    if isinstance(source, (CacheReader, MixtureReader)):
-        return source  # type: ignore[return-value]  # a MixtureReader reads as a CacheReader
-    reader = getattr(source, "reader", None)
-    if isinstance(reader, (CacheReader, MixtureReader)):
-        return reader  # type: ignore[return-value]
-    if isinstance(source, (str, os.PathLike)):
-        return CacheReader(source)  # type: ignore[arg-type]
-    raise TypeError(
-        f"expected a CacheReader, a CacheDataRef or a cache directory, got {type(source).__name__}"
-    )
-
-
 def _check_output(output: str) -> str:
     if output not in OUTPUTS:
         raise ValueError(f"output must be one of {OUTPUTS}, got {output!r}")

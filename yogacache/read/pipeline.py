@@ -11,8 +11,9 @@ other.
 from __future__ import annotations
 
 import logging
+import os
 import threading
-from typing import Any, Callable, Iterator, Optional, Protocol
+from typing import Any, Callable, Iterator, Optional, Protocol, Union
 
 import numpy as np
 
@@ -27,6 +28,7 @@ from yogacache.read.epochs import (
     plan_reads,
     warn_random_streaming,
 )
+from yogacache.read.mixture_reader import MixtureReader
 from yogacache.read.options import ReadOptions
 from yogacache.read.plans import EpochPlan
 from yogacache.read.reader import CacheReader
@@ -41,8 +43,10 @@ __all__ = [
     "FULL_READ_BYTES",
     "FULL_READ_RECORDS",
     "ReadSizes",
+    "CacheSource",
     "ReaderSource",
     "Stream",
+    "open_reader",
     "plan_reads",
     "read_stream",
     "warn_random_streaming",
@@ -53,6 +57,25 @@ class ReaderSource(Protocol):
 
     @property
     def reader(self) -> CacheReader: ...
+
+
+CacheSource = Union[CacheReader, ReaderSource, str, "os.PathLike[str]"]
+
+
+def open_reader(source: CacheSource) -> CacheReader:
+    """The reader of a cache given as a CacheReader, a CacheDataRef (anything with a ``reader``)
+    or a cache directory; or of a mixture (a ``yogacache.Mixture``), whose ``MixtureReader``
+    reads as a CacheReader does."""
+    if isinstance(source, (CacheReader, MixtureReader)):
+        return source  # type: ignore[return-value]  # a MixtureReader reads as a CacheReader
+    reader = getattr(source, "reader", None)
+    if isinstance(reader, (CacheReader, MixtureReader)):
+        return reader  # type: ignore[return-value]
+    if isinstance(source, (str, os.PathLike)):
+        return CacheReader(source)  # type: ignore[arg-type]
+    raise TypeError(
+        f"expected a CacheReader, a CacheDataRef or a cache directory, got {type(source).__name__}"
+    )
 
 
 class Stream:

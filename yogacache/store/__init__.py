@@ -6,6 +6,6 @@ publishes to an object store answers ``store.remote``, a ``RemoteStore``) and li
 """
 
 from yogacache.store.base import CacheEntry, RemoteStore, Store
-from yogacache.store.factory import open_store
+from yogacache.store.factory import open_cache, open_store
 
-__all__ = ["CacheEntry", "RemoteStore", "Store", "open_store"]
+__all__ = ["CacheEntry", "RemoteStore", "Store", "open_cache", "open_store"]

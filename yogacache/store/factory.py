@@ -15,6 +15,7 @@ from yogacache.config import SharedFSConfig
 from yogacache.errors import ConfigError
 from yogacache.format.integrity import Verify
 from yogacache.format.writer import BuildLimits
+from yogacache.read.reader import CacheReader
 from yogacache.sizes import parse_part_bytes
 from yogacache.store.base import Store
 from yogacache.store.local import CacheStore, default_cache_root
@@ -79,3 +80,24 @@ def open_store(
         local_cache_limit=config.local_cache_limit,
         objects_factory=location.open_backend,
     )
+
+
+def open_cache(dataset_id: str, dataset_version: str, storage: Any = None) -> CacheReader:
+    """The reader of the cache ``(dataset_id, dataset_version)`` on ``storage``, synced or
+    streamed as the storage says: what an adapter that names a cache by id (``yogacache.grain``,
+    ``yogacache.ray``) opens.
+
+    ``storage`` is a YogaDL storage (``yogacache.storage.S3Storage`` and the like, or a
+    ``DataLayer``: anything holding a ``store``), a ``Store``, or a target ``open_store`` takes
+    (a ``data_layer`` mapping, a URL, a config file, a directory, or None for the local default).
+    A YogaDL ``cache.mdb`` counts as a cache (converted on first use, as ``Storage.fetch`` does).
+    """
+    from yogacache.names import validate_name
+    from yogacache.store import yogadl as yogadl_caches
+
+    validate_name(dataset_id, "dataset_id")
+    validate_name(dataset_version, "dataset_version")
+    store = getattr(storage, "store", None) if not hasattr(storage, "open") else storage
+    if store is None or not hasattr(store, "open"):
+        store = open_store(storage, show_progress=False)
+    return yogadl_caches.fetch(store, dataset_id, dataset_version)
