@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import importlib
 import importlib.util
 import re
 from typing import Any, Callable, Mapping, Optional, Sequence, Union
@@ -21,7 +23,6 @@ from yogacache.store import yogadl as yogadl_caches
 
 TRAIN_SUFFIX = "_train"
 VALIDATION_SUFFIX = "_val"
-RETURNS = ("tf", "torch", "stream")
 # dataset_version="auto": the version is derived from the source the function returns.
 AUTO_VERSION = "auto"
 # A version derived from a source's pins (``ObjectSource.auto_version``, what ``yogacache import``
@@ -396,29 +397,51 @@ def _refuse_in_a_starting_worker(dataset_id: str, version: str, workers: Optiona
         refuse_bootstrapping_build(f"{dataset_id}:{version}", workers)
 
 
-def _tf_adapter(ref: CacheDataRef, options: ReadOptions) -> Any:
-    try:
-        from yogacache.tensorflow import make_tf_dataset
-    except ImportError as error:
-        if importlib.util.find_spec("tensorflow") is not None:
-            raise
-        raise ImportError(
-            "the decorated function returns a tf.data.Dataset by default (returns='tf'), and "
-            "TensorFlow is not installed: pass returns='torch' for a PyTorch dataset or "
-            "returns='stream' for a Stream (or install TensorFlow: pip install 'yogacache[tf]')"
-        ) from error
+@dataclasses.dataclass(frozen=True)
+class Adapter:
+    """What ``returns=`` names: ``from_options(ref, options)`` of ``module`` (imported on first
+    use, so that ``import yogacache`` imports no framework), made from a DataRef and
+    ``ReadOptions``; the framework it needs and its extra, for the install hint. No module: the
+    DataRef's own ``Stream``."""
 
-    return make_tf_dataset(ref.open_stream(options))
+    module: Optional[str]
+    what: str
+    framework: str = ""
+    package: str = ""
+    extra: str = ""
+
+    def __call__(self, ref: Any, options: ReadOptions) -> Any:
+        if self.module is None:
+            return ref.open_stream(options)
+        try:
+            module = importlib.import_module(self.module)
+        except ImportError as error:
+            if importlib.util.find_spec(self.package) is not None:
+                raise
+            choices = [
+                f"returns={key!r} for {adapter.what}"
+                for key, adapter in _ADAPTERS.items()
+                if key != "tf" and (adapter.module is None or importlib.util.find_spec(adapter.package) is not None)
+            ]
+            others = " or ".join([", ".join(choices[:-1]), choices[-1]] if len(choices) > 1 else choices)
+            raise ImportError(
+                f"the decorated function returns {self.what}{' by default' if self.extra == 'tf' else ''} "
+                f"(returns={_name_of(self)!r}), and {self.framework} is not installed: pass {others} "
+                f"(or install {self.framework}: pip install 'yogacache[{self.extra}]')"
+            ) from error
+        return module.from_options(ref, options)
 
 
-def _torch_adapter(ref: CacheDataRef, options: ReadOptions) -> Any:
-    from yogacache.torch import CacheIterableDataset
-
-    return CacheIterableDataset.from_options(ref, options)
+def _name_of(adapter: Adapter) -> str:
+    return next(key for key, value in _ADAPTERS.items() if value is adapter)
 
 
-_ADAPTERS: dict[str, Callable[[CacheDataRef, ReadOptions], Any]] = {
-    "tf": _tf_adapter,
-    "torch": _torch_adapter,
-    "stream": lambda ref, options: ref.open_stream(options),
+# ``returns=`` -> its adapter. Each reads the DataRef through the one EpochReader (docs/architecture.md).
+_ADAPTERS: dict[str, Adapter] = {
+    "tf": Adapter("yogacache.tensorflow", "a tf.data.Dataset", "TensorFlow", "tensorflow", "tf"),
+    "torch": Adapter("yogacache.torch", "a PyTorch dataset", "PyTorch", "torch", "torch"),
+    "stream": Adapter(None, "a Stream"),
+    "grain": Adapter("yogacache.grain", "a Grain MapDataset", "Grain", "grain", "grain"),
+    "ray": Adapter("yogacache.ray", "a Ray Data Dataset", "Ray Data", "ray", "ray"),
 }
+RETURNS = tuple(_ADAPTERS)

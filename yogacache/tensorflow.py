@@ -39,6 +39,7 @@ from yogacache.format.spec import (
     unflatten,
 )
 from yogacache.malloc import keep_freed_memory
+from yogacache.read.options import ReadOptions
 from yogacache.read.pipeline import EpochReads, Stream
 
 _SOURCE_BATCH_BYTES = 8 << 20
@@ -47,7 +48,7 @@ _SOURCE_PREFETCH = 2  # batches
 _SOURCE_PREFETCH_ELEMENTS = 16  # elements of varying shapes (sizes unknown)
 _STRING_GUESS_BYTES = 64
 
-__all__ = ["make_tf_dataset", "spec_from_tf", "spec_to_tf", "TFDatasetSource"]
+__all__ = ["from_options", "make_tf_dataset", "spec_from_tf", "spec_to_tf", "TFDatasetSource"]
 
 
 def spec_from_tf(element_spec: Any, path: str = "element", depth: int = 0) -> Spec:
@@ -514,3 +515,9 @@ def make_tf_dataset(stream: Stream) -> tf.data.Dataset:
     if reads is not None:
         _batch_by_rebatching(dataset, reads, len(stream) if stream.uniform_epochs else None)
     return dataset
+
+
+def from_options(ref: Any, options: ReadOptions) -> tf.data.Dataset:
+    """What ``DataLayer`` decorators return by default (``returns="tf"``): ``ref`` (a DataRef or
+    a mixture) read as ``options`` say, as a ``tf.data.Dataset`` (``make_tf_dataset``)."""
+    return make_tf_dataset(ref.open_stream(options))

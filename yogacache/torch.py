@@ -37,7 +37,8 @@ from yogacache.read.pipeline import CacheSource, open_reader
 from yogacache.read.reader import CacheReader
 from yogacache.read.schedule import ReadSchedule
 
-__all__ = ["CacheDataLoader", "CacheDataset", "CacheIterableDataset", "open_reader"]  # open_reader: yogacache.read.pipeline
+# open_reader is yogacache.read.pipeline's, re-exported.
+__all__ = ["CacheDataLoader", "CacheDataset", "CacheIterableDataset", "from_options", "open_reader"]
 
 OUTPUTS = ("torch", "numpy")
 def _check_output(output: str) -> str:
@@ -444,3 +445,9 @@ class CacheDataLoader(DataLoader):  # type: ignore[type-arg]
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self.dataset.load_state_dict(state)  # type: ignore[attr-defined]
+
+
+def from_options(ref: CacheSource, options: ReadOptions) -> CacheIterableDataset:
+    """What ``DataLayer`` decorators return with ``returns="torch"``: ``ref`` (a DataRef or a
+    mixture) read as ``options`` say (``CacheIterableDataset.from_options``)."""
+    return CacheIterableDataset.from_options(ref, options)
