@@ -19,7 +19,7 @@ from __future__ import annotations
 import copy
 import operator
 import warnings
-from typing import Any, Callable, Iterator, Mapping, Optional, Sequence
+from typing import Any, Iterator, Mapping, Optional, Sequence
 
 import numpy as np
 
@@ -30,7 +30,7 @@ except ImportError as error:  # pragma: no cover - exercised only without torch
     raise ImportError("yogacache.torch needs PyTorch: pip install 'yogacache[torch]'") from error
 
 from yogacache import launcher
-from yogacache.format.spec import STRING, Spec, TensorSpec, flatten, spec_leaves, unflatten
+from yogacache.format.spec import STRING, Spec, TensorSpec, flatten, spec_leaves, structure_builder, unflatten
 from yogacache.read.epochs import EpochReader
 from yogacache.read.options import ReadOptions, stream_arguments, stream_signature
 from yogacache.read.pipeline import CacheSource, open_reader
@@ -68,31 +68,9 @@ def _columns_out(columns: Sequence[np.ndarray], leaves: Sequence[TensorSpec], ou
     return [_to_torch(column, leaf) for column, leaf in zip(columns, leaves)]
 
 
-def _structure_builder(spec: Spec) -> Callable[[Sequence[Any]], Any]:
-    """A function from a record's leaves to its nested structure: ``unflatten`` for one spec,
-    without walking the spec for every record."""
-    if isinstance(spec, TensorSpec):
-        return operator.itemgetter(0)
-    children = _spec_children(spec)
-    if all(isinstance(child, TensorSpec) for _, child in children):
-        if isinstance(spec, dict):
-            keys = [key for key, _ in children]
-            return lambda leaves: dict(zip(keys, leaves))
-        return tuple
-    return lambda leaves: unflatten(leaves, spec)
-
-
-def _spec_children(spec: Spec) -> list[tuple[Any, Spec]]:
-    if isinstance(spec, dict):
-        return [(key, spec[key]) for key in sorted(spec)]
-    if not isinstance(spec, tuple):
-        raise TypeError(f"expected a dict or tuple element spec, got {type(spec).__name__}")
-    return list(enumerate(spec))
-
-
 def _rows(columns: Sequence[Any], spec: Spec) -> Iterator[Any]:
     """The records of a batch given as stacked columns (arrays, tensors or lists)."""
-    build = _structure_builder(spec)
+    build = structure_builder(spec)
     per_leaf = [column.unbind(0) if isinstance(column, torch.Tensor) else list(column) for column in columns]
     for leaves in zip(*per_leaf):
         yield build(leaves)

@@ -139,6 +139,28 @@ def flattener(spec: Spec) -> Callable[[Any], Sequence[Any]]:
     return lambda element: flatten(element, spec)
 
 
+def structure_builder(spec: Spec) -> Callable[[Sequence[Any]], Any]:
+    """A function from a record's leaves to its nested structure: ``unflatten`` for one spec,
+    without walking the spec for every record."""
+    if isinstance(spec, TensorSpec):
+        return lambda leaves: leaves[0]
+    children = _children(spec)
+    if all(isinstance(child, TensorSpec) for _, child in children):
+        if isinstance(spec, dict):
+            keys = [key for key, _ in children]
+            return lambda leaves: dict(zip(keys, leaves))
+        return tuple
+    return lambda leaves: unflatten(leaves, spec)
+
+
+def _children(spec: Spec) -> list[tuple[Any, Spec]]:
+    if isinstance(spec, dict):
+        return [(key, spec[key]) for key in sorted(spec)]
+    if not isinstance(spec, tuple):
+        raise TypeError(f"expected a dict or tuple element spec, got {type(spec).__name__}")
+    return list(enumerate(spec))
+
+
 def unflatten(leaves: Sequence[Any], spec: Spec) -> Any:
     """Rebuilds the nested structure of ``spec`` from its leaves."""
     iterator = iter(leaves)
