@@ -17,7 +17,9 @@ AXES: dict[str, tuple[str, ...]] = {
     "made": ("one", "workers2", "ray", "import", "copy", "mirror", "migrate"),
     "delivery": ("sync", "stream-full", "stream-half"),
     "order": ("none", "shard", "global", "parts-w1", "parts-w2", "parts"),
-    "consumer": ("stream", "dataset", "tf", "torch"),
+    # "grain": yogacache.grain's CacheSampler and CacheDataSource through grain.DataLoader; "ray":
+    # yogacache.ray.read_cache's Dataset on a local Ray cluster (issue 26).
+    "consumer": ("stream", "dataset", "tf", "torch", "grain", "ray"),
     # "legacy": a mid-epoch resume state as a release before the "parts" order's lead wrote it
     # (no ``parts_order``): the rest of its epoch in that order, then this release's.
     "start": ("zero", "mid", "elastic", "legacy"),
@@ -133,7 +135,7 @@ class Cell:
 
     @property
     def slow(self) -> bool:
-        return self.made == "ray" or self.consumer == "torch"
+        return self.made == "ray" or self.consumer in HEAVY_CONSUMERS
 
     def values(self) -> tuple[str, ...]:
         return tuple(getattr(self, name) for name in NAMES)
@@ -213,17 +215,21 @@ def generate() -> list[Cell]:
 
 
 # Heavy values, and what a cell may take instead where no pair needs the heavy one there.
-CHEAPER = {"consumer": ("torch", ("stream", "dataset", "tf")), "made": ("ray", ("one", "workers2"))}
+HEAVY_CONSUMERS = ("torch", "grain", "ray")
+CHEAPER: tuple[tuple[str, str, tuple[str, ...]], ...] = tuple(
+    [("consumer", heavy, ("stream", "dataset", "tf")) for heavy in HEAVY_CONSUMERS]
+    + [("made", "ray", ("one", "workers2"))]
+)
 
 
 def _cheapened(cells: list[Cell], names: Sequence[str] = NAMES, first: int = 0) -> list[Cell]:
-    """``cells`` with each heavy value (a torch consumer, a Ray build) replaced by a cheap one
+    """``cells`` with each heavy value (a torch, Grain or Ray consumer, a Ray build) replaced by a cheap one
     wherever every pair (of axes of ``names``) stays covered, from cell ``first`` on: spawned
     DataLoader workers and Ray tasks cost seconds each, and all-pairs needs only as many of them
     as the pairs they take part in."""
     cells = list(cells)
     for i in range(first, len(cells)):
-        for name, (heavy, cheap) in CHEAPER.items():
+        for name, heavy, cheap in CHEAPER:
             if getattr(cells[i], name) != heavy:
                 continue
             for value in cheap:

@@ -125,7 +125,7 @@ def _other(kind: str) -> str:
     return "gcs" if kind in ("s3", "shared_fs") else "s3"
 
 
-def _ensure_ray(world: World) -> Any:
+def ensure_ray(world: World) -> Any:
     if world.ray is None:
         import ray
         import ray.data  # noqa: F401
@@ -191,7 +191,7 @@ def build(world: World, request: pytest.FixtureRequest, store: str, made: str, s
         from yogacache.parallel.ray import build_with_ray
 
         world.cloud("gcs", request)  # its proxy first: Ray's workers take STORAGE_EMULATOR_HOST at ray.init
-        _ensure_ray(world)
+        ensure_ray(world)
         config = world.remote_config(
             store, prefix, proxied=False,
             local_cache_host_path=str(base / "ray-copies"), local_cache_container_path=str(base / "ray-copies"),

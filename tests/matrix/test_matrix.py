@@ -50,6 +50,7 @@ from tests.matrix.conftest import (
     build,
     build_mixture,
     cache_part_downloads,
+    ensure_ray,
     node_store,
     part_downloads,
 )
@@ -57,6 +58,7 @@ from tests.streaming_helpers import bytes_on_disk
 
 BATCH = 8
 TORCH_WORKERS = 2  # rank 0's DataLoader workers in torch cells
+GRAIN_WORKERS = 2  # rank 0's grain.DataLoader worker processes in grain cells
 PREFETCH = 2  # torch's default prefetch_factor: batches each worker reads ahead
 EPOCHS = 2
 
@@ -214,7 +216,74 @@ class TorchConsumer:
         assert handed == promised, f"epoch {epoch}: len() said {promised} records, the loader gave {handed}"
 
 
-CONSUMERS = {"stream": StreamConsumer, "dataset": DatasetConsumer, "tf": TFConsumer, "torch": TorchConsumer}
+class GrainConsumer:
+    """``yogacache.grain``: a ``CacheSampler`` (the rank's order, over all the epochs) and a
+    ``CacheDataSource`` through ``grain.DataLoader``, rank 0 with 2 worker processes (the reader
+    sent to each), the other ranks in-process; one loader for every epoch, cut at the sampler's
+    epoch lengths."""
+
+    def __init__(self, reader: Any, kwargs: dict[str, Any]) -> None:
+        import grain
+        from absl import flags
+
+        from yogacache.grain import CacheDataSource, CacheSampler
+
+        if not flags.FLAGS.is_parsed():  # Grain's worker processes read its flags (absl)
+            flags.FLAGS.mark_as_parsed()
+        self.source = CacheDataSource(reader)
+        self.sampler = CacheSampler(self.source, num_epochs=EPOCHS, **kwargs)
+        assert len(self.sampler) == self.sampler.first_epoch_length + (EPOCHS - 1) * self.sampler.epoch_length
+        workers = GRAIN_WORKERS if kwargs["shard_rank"] == 0 else 0
+        loader = grain.DataLoader(data_source=self.source, sampler=self.sampler, worker_count=workers)
+        self.records = iter(loader)
+        self.lengths = iter([self.sampler.first_epoch_length] + [self.sampler.epoch_length] * (EPOCHS - 1))
+
+    def epoch(self) -> Iterator[list[Any]]:
+        count = next(self.lengths)
+        return _chunks(next(self.records) for _ in range(count))
+
+
+class RayConsumer:
+    """``yogacache.ray.read_cache``: the rank's records of each epoch as a Ray Data Dataset on the
+    local cluster (read tasks in Ray's worker processes), iterated in order; ``count()`` from the
+    plan, checked against what the Dataset yields."""
+
+    def __init__(self, reader: Any, kwargs: dict[str, Any]) -> None:
+        self.reader = reader
+        self.kwargs = kwargs
+        self.epochs = 0
+
+    def epoch(self) -> Iterator[list[Any]]:
+        from yogacache.ray import read_cache
+
+        first = self.epochs == 0
+        self.epochs += 1
+        kwargs = dict(self.kwargs) if first else {**self.kwargs, "start_offset": 0, "resume_state": None}
+        epoch = None if first else self._start_epoch() + self.epochs - 1
+        dataset = read_cache(self.reader, **kwargs, epoch=epoch)
+        promised = dataset.count()
+        handed = 0
+        for batch in dataset.iter_batches(batch_size=BATCH, batch_format="numpy"):
+            size = len(next(iter(batch.values())))
+            handed += size
+            yield [{name: value[j] for name, value in batch.items()} for j in range(size)]
+        assert handed == promised, f"count() said {promised} records, the dataset gave {handed}"
+
+    def _start_epoch(self) -> int:
+        from yogacache.read.epochs import EpochReader
+        from yogacache.read.options import ReadOptions
+
+        return EpochReader(_ref(self.reader).reader, ReadOptions.from_stream_args(**self.kwargs)).start[0]
+
+
+CONSUMERS = {
+    "stream": StreamConsumer,
+    "dataset": DatasetConsumer,
+    "tf": TFConsumer,
+    "torch": TorchConsumer,
+    "grain": GrainConsumer,
+    "ray": RayConsumer,
+}
 
 
 def read_lockstep(consumers: Sequence[Any], epochs: int) -> list[list[list[int]]]:
@@ -295,6 +364,9 @@ def _param(cell: Cell) -> Any:
 @pytest.mark.timeout(420)
 @pytest.mark.parametrize("cell", [_param(cell) for cell in CELLS])
 def test_cell(cell: Cell, world: World, request: pytest.FixtureRequest, tmp_path: Path) -> None:
+    if cell.consumer == "ray":
+        world.cloud("gcs", request)  # its proxy first: Ray's workers take STORAGE_EMULATOR_HOST at ray.init
+        ensure_ray(world)
     if cell.mix == "mixture":
         return mixture_cell(cell, world, request, tmp_path)
     built = build(world, request, cell.store, cell.made, cell.size)
