@@ -97,7 +97,12 @@ def open_cache(dataset_id: str, dataset_version: str, storage: Any = None) -> Ca
 
     validate_name(dataset_id, "dataset_id")
     validate_name(dataset_version, "dataset_version")
-    store = getattr(storage, "store", None) if not hasattr(storage, "open") else storage
-    if store is None or not hasattr(store, "open"):
+    store = storage if _is_store(storage) else getattr(storage, "store", None)
+    if not _is_store(store):
         store = open_store(storage, show_progress=False)
     return yogadl_caches.fetch(store, dataset_id, dataset_version)
+
+
+def _is_store(value: Any) -> bool:
+    """Whether ``value`` meets the ``Store`` protocol (what it opens and where it publishes)."""
+    return all(hasattr(value, name) for name in ("open", "remote", "location"))
