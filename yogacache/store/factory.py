@@ -97,9 +97,8 @@ def open_cache(dataset_id: str, dataset_version: str, storage: Any = None) -> Ca
 
     validate_name(dataset_id, "dataset_id")
     validate_name(dataset_version, "dataset_version")
-    store: Store = storage if _is_store(storage) else getattr(storage, "store", None)
-    if not _is_store(store):
-        store = open_store(storage, show_progress=False)
+    held: Any = storage if _is_store(storage) else getattr(storage, "store", None)
+    store: Store = held if _is_store(held) else open_store(storage, show_progress=False)
     return yogadl_caches.fetch(store, dataset_id, dataset_version)
 
 
