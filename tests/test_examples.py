@@ -68,3 +68,12 @@ def test_yogadl_walkthrough_prints_yogadl_order(tmp_path: Path) -> None:
     assert out.count("cache not found, making evens v2") == 1
     assert "evens, shard 0 of 2 (5 records): [0, 4, 8, 12, 16]" in out
     assert "evens, shard 1 of 2 (5 records): [2, 6, 10, 14, 18]" in out
+
+
+def test_jax_grain_example_trains_from_the_cache_and_resumes_its_loader(tmp_path: Path) -> None:
+    out = run_example(str(EXAMPLES / "jax_grain_train.py"), "--storage", str(tmp_path), "--steps", "100")
+    assert f"cache: built (2048 records in {tmp_path})" in out
+    losses = out.split("trained a flax MLP for 100 steps on cpu: loss ")[1].split()
+    first, last = float(losses[0]), float(losses[2])
+    assert last < first / 3, out  # the linear rule is learnable, and learned
+    assert CacheStore(tmp_path).manifest("jax-example", "v1").num_records == 2048
