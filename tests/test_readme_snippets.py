@@ -148,3 +148,15 @@ def test_the_mixture_benchmark_section_names_its_command_and_targets() -> None:
     block = text[start : text.index("**Parts fetched under a budget**", start)]
     assert "DataLoader" in block and "shuffled" in block and "half the bytes as budget" in block
     assert "MosaicML" in block and "LitData" in block and "Targets, all met" in block
+
+
+def test_the_grain_snippet_runs_as_pasted(tmp_path: Path) -> None:
+    snippet = readme_block("## JAX (Grain)")
+    assert "/tmp/yogacache_grain" in snippet and "docs/grain.md" in section("## JAX (Grain)")
+    script = tmp_path / "grain_snippet.py"  # Grain's workers import the main script: a file, as users run it
+    script.write_text(snippet.replace("/tmp/yogacache_grain", str(tmp_path / "fresh" / "yogacache_grain")))
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, env=env)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().splitlines()[-1] == "1000"
+    assert "It prints `1000`" in section("## JAX (Grain)")
