@@ -12,7 +12,7 @@ one: a ``ray.data.Datasource`` with one read task per shard, each decoding its s
 with MosaicML's own reader (``reader_from_json(...).get_item(i)``) into a block of numpy
 columns (``BlockAccessor.batch_to_block``: the image as Ray's tensor column).
 
-Usage: ``_peers_ray.py {build,read} mds --dir DIR --spec JSON``.
+Usage: ``_peers_ray.py {build,read} mds --dir DIR --spec JSON [--rows ray-mds-shuffled,ray-mds-ordered]``.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import json
 import os
 import sys
 import time
-from typing import Any, Iterable, Optional
+from typing import Any, Callable, Iterable, Optional, Sequence
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 if HERE not in sys.path:
@@ -57,18 +57,55 @@ class EpochCount:
                 "label_sum": self.label_sum, "batches": self.batches, "bad": self.bad}
 
 
-def start_ray() -> Any:
-    """A local Ray cluster of 2 CPUs, started before any clock."""
+def start_ray(modules: Sequence[str] = ()) -> Any:
+    """A local Ray cluster of 2 CPUs, its worker processes started and ``modules`` imported in
+    both (the libraries a reader's tasks import: outside the clock, as the driver's imports)."""
     import logging
 
     import ray
 
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR)
     ray.data.DataContext.get_current().enable_progress_bars = False
-    # One tiny job starts the worker processes, which the clock should not count (a cluster a
-    # training job reads on has them running).
     ray.data.range(8, override_num_blocks=2).map_batches(lambda batch: batch).take_all()
+
+    @ray.remote(num_cpus=1)
+    def load(names: list[str]) -> int:
+        import importlib
+
+        for name in names:
+            importlib.import_module(name)
+        time.sleep(0.5)  # both tasks at once: one in each of the two workers
+        return os.getpid()
+
+    ray.get([load.remote(list(modules)) for _ in range(2)])
     return ray
+
+
+def block_shuffle(dataset: Any, spec: dict[str, Any], epoch: int) -> tuple[Any, dict[str, Any]]:
+    """A shuffled training read as Ray users write it: the blocks in a seeded random order, and a
+    local shuffle buffer of ``spec["local_shuffle_buffer"]`` records (the records of 4 parts)."""
+    seed = spec["seed"] + epoch
+    return dataset.randomize_block_order(seed=seed), {"local_shuffle_buffer_size": spec["local_shuffle_buffer"],
+                                                       "local_shuffle_seed": seed}
+
+
+def run_variants(variants: list[tuple[str, Callable[[int], tuple[Any, dict[str, Any]]]]],
+                 spec: dict[str, Any]) -> dict[str, Any]:
+    """Each variant (row name, ``make(epoch) -> (dataset, iter_batches options)``) for
+    ``spec["epochs"]`` epochs, one after the other; each epoch timed from making its dataset to
+    its last batch."""
+    rows = {}
+    for row, make in variants:
+        epochs = []
+        for epoch in range(spec["epochs"]):
+            start = time.perf_counter()
+            dataset, options = make(epoch)
+            count = EpochCount(start, spec["shape"])
+            for batch in dataset.iter_batches(batch_size=spec["batch"], batch_format="numpy", **options):
+                count.add(batch["image"], batch["label"])
+            epochs.append(count.result())
+        rows[row] = {"epochs": epochs}
+    return {"rows": rows}
 
 
 def build_mds(directory: str, spec: dict[str, Any]) -> dict[str, Any]:
@@ -118,39 +155,32 @@ def mds_datasource(directory: str) -> Any:
     return MDSDatasource()
 
 
-def read_mds(directory: str, spec: dict[str, Any], shuffled: bool) -> dict[str, Any]:
-    ray = start_ray()
-    import numpy as np  # noqa: F401 - imported before the clock, as every row's libraries
+def read_mds(directory: str, spec: dict[str, Any], rows: list[str]) -> dict[str, Any]:
+    ray = start_ray(["streaming.base.format", "numpy"])
 
-    results = []
-    for epoch in range(spec["epochs"]):
-        start = time.perf_counter()
-        dataset = ray.data.read_datasource(mds_datasource(directory))
-        options: dict[str, Any] = {}
-        if shuffled:
-            dataset = dataset.randomize_block_order(seed=spec["seed"] + epoch)
-            options = {"local_shuffle_buffer_size": spec["local_shuffle_buffer"],
-                       "local_shuffle_seed": spec["seed"] + epoch}
-        count = EpochCount(start, spec["shape"])
-        for batch in dataset.iter_batches(batch_size=spec["batch"], batch_format="numpy", **options):
-            count.add(batch["image"], batch["label"])
-        results.append(count.result())
-    ray.shutdown()
-    return {"epochs": results}
+    def make(row: str) -> Callable[[int], tuple[Any, dict[str, Any]]]:
+        def dataset(epoch: int) -> tuple[Any, dict[str, Any]]:
+            read = ray.data.read_datasource(mds_datasource(directory))
+            return block_shuffle(read, spec, epoch) if row.endswith("-shuffled") else (read, {})
+
+        return dataset
+
+    return run_variants([(row, make(row)) for row in rows], spec)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("action", choices=["build", "read", "read-ordered"])
+    parser.add_argument("action", choices=["build", "read"])
     parser.add_argument("kind", choices=["mds"])
     parser.add_argument("--dir", required=True)
     parser.add_argument("--spec", required=True)
+    parser.add_argument("--rows", default="ray-mds-shuffled,ray-mds-ordered", help="read: the variants, in order")
     args = parser.parse_args()
     spec = json.loads(args.spec)
     if args.action == "build":
         result = build_mds(args.dir, spec)
     else:
-        result = read_mds(args.dir, spec, shuffled=args.action == "read")
+        result = read_mds(args.dir, spec, args.rows.split(","))
     print(json.dumps(result), flush=True)
     os._exit(0)  # Ray's and MosaicML's atexit hooks can take seconds; the result is out
 

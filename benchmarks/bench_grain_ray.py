@@ -19,13 +19,17 @@ loader, so it includes the 2 worker processes' start, as a user's epoch does) ov
   cheapest decode a Grain user can write, so the peer is at its fastest);
 - yogacache's own order as a Grain sampler (``yogacache.grain.CacheSampler``, ``"global"``).
 
-**Ray Data** on a local cluster (``ray.init(num_cpus=2)`` and one tiny warm-up job, which starts
-the worker processes, before the clock, in a fresh driver process per row), two epochs per row,
+**Ray Data** on a local cluster (``ray.init(num_cpus=2)``), one driver process and cluster per
+system (yogacache, Parquet, MDS), its rows one after the other, two epochs each,
 ``ds.iter_batches(batch_size=256, batch_format="numpy")``, the clock from making the dataset to
-the last batch:
+the last batch. Before any clock: ``ray.init``, one tiny job that starts the 2 worker processes,
+and two tasks at once that import the system's library in both workers (``yogacache.ray``,
+``pyarrow.parquet``, MosaicML's ``streaming``: the peers' imports outside the clock, and
+yogacache's alike). Rows:
 
 - yogacache ``yogacache.ray.read_cache(..., shuffle=True, shuffle_mode="parts" | "global",
-  shuffle_seed=7, epoch=e)``, and unshuffled;
+  shuffle_seed=7, epoch=e)``, and unshuffled (all with the read tasks Ray's parallelism asks
+  for); and ``"parts"`` with ``override_num_blocks=<parts>`` (information: one task per part);
 - ``ray.data.read_parquet`` of Parquet files written with pyarrow (the image as Arrow's canonical
   ``fixed_shape_tensor`` column, which Ray reads back as a uint8 ``[n, 64, 64, 3]`` array: no
   decode), shuffled the way Ray users shuffle a training read: ``randomize_block_order(seed)`` and
@@ -33,7 +37,9 @@ the last batch:
   parts: yogacache's ``"parts"`` mode mixes a window of 4 parts (its default), so both mix
   shuffled blocks through a 4-part buffer: the comparable pair (``ds.random_shuffle()``, the
   equivalent of ``"global"``, costs a full all-to-all exchange; no one trains from it on 2 CPUs);
-  and unshuffled;
+  and unshuffled; each both through Ray 2.60's default Parquet datasource (V2: a file-listing task,
+  then the files read as few large blocks) and through V1 (``DataContext.use_datasource_v2 =
+  False``: a task and a block per file), which is faster at this size: the targets hold against both;
 - MosaicML MDS shards through Ray: Ray 2.60 has no ``read_mds``, so a ``Datasource`` with one
   read task per shard decoding it with MosaicML's reader (``_peers_ray.py``, in
   ``benchmarks/.venv-peers``: mosaicml-streaming pins an older numpy), shuffled as Parquet, and
@@ -47,7 +53,7 @@ Grain >= 1.0x ArrayRecord, Ray >= 1.0x Parquet.
 
 Usage: ``.venv/bin/python benchmarks/bench_grain_ray.py [--quick] [--records N] [--part-bytes 16Mi]
 [--rows ...] [--peers-venv DIR] [--timeout S] [--workdir DIR]``. ``--quick``: 4,000 records, 4 MiB
-parts (about a minute). The table goes to stdout, progress to stderr. One run; the numbers are as
+parts (about 2 minutes). The table goes to stdout, progress to stderr. One run; the numbers are as
 noisy as the machine, whose load average the notes give.
 """
 
@@ -64,7 +70,7 @@ import tempfile
 import time
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
@@ -90,10 +96,13 @@ ROWS: dict[str, tuple[str, str, str]] = {
     "grain-arrayrecord": ("grain", "arrayrecord", "ArrayRecordDataSource + Map decode, IndexSampler shuffle"),
     "ray-yogacache-parts": ("ray", "yogacache", "yogacache read_cache, shuffle_mode=parts"),
     "ray-yogacache-global": ("ray", "yogacache", "yogacache read_cache, shuffle_mode=global"),
+    "ray-yogacache-parts-blocks": ("ray", "yogacache", "yogacache read_cache, parts, override_num_blocks=parts"),
     "ray-parquet-shuffled": ("ray", "parquet", "read_parquet, randomize_block_order + 4-part local buffer"),
+    "ray-parquet-v1-shuffled": ("ray", "parquet", "read_parquet (datasource V1), as above"),
     "ray-mds-shuffled": ("ray", "mds", "MDS Datasource, randomize_block_order + 4-part local buffer"),
     "ray-yogacache-ordered": ("ray", "yogacache", "yogacache read_cache, unshuffled"),
     "ray-parquet-ordered": ("ray", "parquet", "read_parquet, unshuffled"),
+    "ray-parquet-v1-ordered": ("ray", "parquet", "read_parquet (datasource V1), unshuffled"),
     "ray-mds-ordered": ("ray", "mds", "MDS Datasource, unshuffled"),
 }
 # (yogacache row, peer row, target ratio or None for information).
@@ -101,8 +110,12 @@ RATIOS: list[tuple[str, str, Optional[float]]] = [
     ("grain-yogacache", "grain-arrayrecord", 1.0),
     ("grain-yogacache-sampler", "grain-arrayrecord", None),
     ("ray-yogacache-parts", "ray-parquet-shuffled", 1.0),
+    ("ray-yogacache-parts", "ray-parquet-v1-shuffled", 1.0),
     ("ray-yogacache-global", "ray-parquet-shuffled", None),
+    ("ray-yogacache-global", "ray-parquet-v1-shuffled", None),
+    ("ray-yogacache-parts-blocks", "ray-parquet-v1-shuffled", None),
     ("ray-yogacache-ordered", "ray-parquet-ordered", 1.0),
+    ("ray-yogacache-ordered", "ray-parquet-v1-ordered", 1.0),
     ("ray-yogacache-parts", "ray-mds-shuffled", None),
     ("ray-yogacache-ordered", "ray-mds-ordered", None),
 ]
@@ -181,8 +194,10 @@ def grain_row(row: str, spec: dict[str, Any]) -> list[dict[str, Any]]:
         if row == "grain-yogacache-sampler":
             import yogacache.grain as yg
 
+            # Epoch ``epoch`` whole: the start offset counts the records of the epochs before it.
             sampler: Any = yg.CacheSampler(source, shuffle=True, shuffle_seed=SEED, shuffle_mode="global",
-                                           epoch=epoch, num_epochs=1)
+                                           start_offset=epoch * len(source), shard_rank=0, num_shards=1,
+                                           num_epochs=1)
         else:
             sampler = grain.samplers.IndexSampler(num_records=len(source), shard_options=grain.sharding.NoSharding(),
                                                   shuffle=True, num_epochs=1, seed=SEED + epoch)
@@ -195,43 +210,43 @@ def grain_row(row: str, spec: dict[str, Any]) -> list[dict[str, Any]]:
     return results
 
 
-def ray_row(row: str, spec: dict[str, Any]) -> list[dict[str, Any]]:
-    from _peers_ray import start_ray
+def ray_rows(system: str, rows: list[str], spec: dict[str, Any]) -> dict[str, Any]:
+    """The Ray rows of ``system`` (yogacache or parquet), one cluster for all of them."""
+    from _peers_ray import block_shuffle, run_variants, start_ray
 
-    ray = start_ray()
-    system = ROWS[row][1]
-    shuffled = not row.endswith("-ordered")
+    ray = start_ray(["yogacache.ray"] if system == "yogacache" else ["pyarrow.parquet"])
     if system == "yogacache":
         import yogacache.ray as yr
-    else:
-        import pyarrow.parquet  # noqa: F401
     warm(spec["dirs"][system])
-    results = []
-    for epoch in range(EPOCHS):
-        start = time.perf_counter()
-        options: dict[str, Any] = {}
-        if system == "yogacache":
-            mode = row.rsplit("-", 1)[1]
-            shuffle = {"shuffle": True, "shuffle_seed": SEED, "shuffle_mode": mode} if shuffled else {}
-            dataset = yr.read_cache(DATASET_ID, VER, spec["store"], epoch=epoch, **shuffle)
-        else:
-            dataset = ray.data.read_parquet(spec["dirs"]["parquet"])
-            if shuffled:
-                dataset = dataset.randomize_block_order(seed=SEED + epoch)
-                options = {"local_shuffle_buffer_size": spec["local_shuffle_buffer"],
-                           "local_shuffle_seed": SEED + epoch}
-        count = EpochCount(start, spec["shape"])
-        for batch in dataset.iter_batches(batch_size=BATCH, batch_format="numpy", **options):
-            count.add(batch["image"], batch["label"])
-        results.append(count.result())
-    ray.shutdown()
-    return results
+
+    def make(row: str) -> Callable[[int], tuple[Any, dict[str, Any]]]:
+        def dataset(epoch: int) -> tuple[Any, dict[str, Any]]:
+            if system == "yogacache":
+                mode = row.split("-")[2]
+                arguments: dict[str, Any] = {} if mode == "ordered" else {
+                    "shuffle": True, "shuffle_seed": SEED, "shuffle_mode": mode}
+                if row.endswith("-blocks"):
+                    arguments["override_num_blocks"] = spec["parts"]
+                return yr.read_cache(DATASET_ID, VER, spec["store"], epoch=epoch, **arguments), {}
+            # Ray 2.60 reads Parquet through its DataSource V2 by default (a file-listing task, then
+            # the files read as few large blocks); V1 (a task per file) is faster at this size.
+            ray.data.DataContext.get_current().use_datasource_v2 = "-v1-" not in row
+            read = ray.data.read_parquet(spec["dirs"]["parquet"])
+            return block_shuffle(read, spec, epoch) if row.endswith("-shuffled") else (read, {})
+
+        return dataset
+
+    return run_variants([(row, make(row)) for row in rows], spec)  # type: ignore[no-any-return]
 
 
-def row_main(row: str, spec_json: str) -> None:
+def row_main(rows: list[str], spec_json: str) -> None:
+    """Measures ``rows`` (one Grain row, or the Ray rows of one system) and prints their epochs."""
     spec = json.loads(spec_json)
-    epochs = grain_row(row, spec) if ROWS[row][0] == "grain" else ray_row(row, spec)
-    print(json.dumps({"epochs": epochs}), flush=True)
+    if ROWS[rows[0]][0] == "grain":
+        result = {"rows": {rows[0]: {"epochs": grain_row(rows[0], spec)}}}
+    else:
+        result = ray_rows(ROWS[rows[0]][1], rows, spec)
+    print(json.dumps(result), flush=True)
     os._exit(0)  # Ray's and Grain's exit hooks can take seconds; the result is out
 
 
@@ -270,6 +285,7 @@ class Bench:
                           f"of the same records")
         per_part = max(n for _, n in parts)
         self.spec = {"records": len(labels), "shape": self.shape, "store": self.store, "dirs": self.dirs,
+                     "parts": len(parts),
                      "local_shuffle_buffer": PARTS_WINDOW * per_part, "epochs": EPOCHS, "seed": SEED, "batch": BATCH,
                      # MDS rolls shards on raw bytes: the image and label, plus a 4-byte offset per sample
                      "shard_bytes": per_part * (math.prod(self.shape) + 8 + 4) + 64}
@@ -323,23 +339,26 @@ class Bench:
         return run_json([str(self.python), str(HERE / "_peers_ray.py"), *action, "--dir", self.dirs["mds"],
                          "--spec", json.dumps(self.spec)], peer_env(self.spec), self.args.timeout)
 
-    def run_row(self, row: str) -> dict[str, Any]:
+    def run_rows(self, rows: list[str]) -> dict[str, Any]:
+        """``rows`` in one process: one Grain row, or the Ray rows of one system."""
         from bench_mix import run_json
 
-        if ROWS[row][1] == "mds":
-            return self.peer(["read" if row.endswith("-shuffled") else "read-ordered", "mds"])
+        if ROWS[rows[0]][1] == "mds":
+            return self.peer(["read", "mds", "--rows", ",".join(rows)])
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(HERE), str(REPO)]))
-        code = f"import bench_grain_ray as b; b.row_main({row!r}, {json.dumps(self.spec)!r})"
+        code = f"import bench_grain_ray as b; b.row_main({rows!r}, {json.dumps(self.spec)!r})"
         return run_json([sys.executable, "-c", code], env, self.args.timeout)
 
-    def measure(self, row: str) -> dict[str, Any]:
+    def measure(self, rows: list[str]) -> dict[str, dict[str, Any]]:
         load = os.getloadavg()[0]
-        log(f"{row}: {EPOCHS} epochs")
+        log(f"{', '.join(rows)}: {EPOCHS} epochs each")
         try:
-            result = self.run_row(row)
-        except Exception as error:  # noqa: BLE001 - one row failing leaves the others
-            return {"failed": str(error), "load": load}
-        epochs = result["epochs"]
+            result = self.run_rows(rows)["rows"]
+        except Exception as error:  # noqa: BLE001 - one process failing leaves the others
+            return {row: {"failed": str(error), "load": load} for row in rows}
+        return {row: self.check(result[row]["epochs"], load) for row in rows}
+
+    def check(self, epochs: list[dict[str, Any]], load: float) -> dict[str, Any]:
         exact = [e["records"] == self.spec["records"] and e["label_sum"] == self.label_sum and e["bad"] is None
                  for e in epochs]
         if not all(exact):
@@ -348,6 +367,16 @@ class Bench:
                               f"{self.spec['records']}, {self.label_sum}); {bad['bad'] or ''}", "load": load}
         return {"rates": [e["records"] / e["seconds"] for e in epochs], "first": [e["first_batch"] for e in epochs],
                 "load": load}
+
+
+def groups(rows: list[str]) -> list[list[str]]:
+    """The processes to run, in order: each Grain row alone, then the Ray rows of each system together."""
+    grain_rows = [[row] for row in rows if ROWS[row][0] == "grain"]
+    systems: dict[str, list[str]] = {}
+    for row in rows:
+        if ROWS[row][0] == "ray":
+            systems.setdefault(ROWS[row][1], []).append(row)
+    return grain_rows + list(systems.values())
 
 
 # -- printing -----------------------------------------------------------------------------------------
@@ -437,11 +466,11 @@ def main() -> None:
     tables: dict[str, dict[str, Any]] = {}
     try:
         failed = bench.build({ROWS[row][1] for row in chosen})
-        for row in chosen:
-            if ROWS[row][1] in failed:
-                tables[row] = {"failed": failed[ROWS[row][1]], "load": os.getloadavg()[0]}
+        for group in groups(chosen):
+            if ROWS[group[0]][1] in failed:
+                tables.update({row: {"failed": failed[ROWS[row][1]], "load": os.getloadavg()[0]} for row in group})
             else:
-                tables[row] = bench.measure(row)
+                tables.update(bench.measure(group))
     finally:
         if args.keep:
             log(f"kept {bench.workdir}")
