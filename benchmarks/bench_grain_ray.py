@@ -2,7 +2,7 @@
 
 One run, one table per engine, the setting users run: shuffled, batches of 256, 2 workers, the
 libraries imported before any clock. The records: ``_data.make_arrays(records, shape)`` as
-``{"image": uint8[64, 64, 3], "label": int64}`` (``--records``, default 20,000, about 246 MB of
+``{"image": uint8[64, 64, 3], "label": int64}`` (``--records``, default 16,000, about 197 MB of
 images); every system stores them in the same number of files (the cache's part count, parts of
 ``--part-bytes``, default 16 MiB), so that the engines see the same number of blocks.
 
@@ -52,8 +52,8 @@ because it ran later. Ratios are yogacache / peer (above 1: yogacache faster); t
 Grain >= 1.0x ArrayRecord, Ray >= 1.0x Parquet.
 
 Usage: ``.venv/bin/python benchmarks/bench_grain_ray.py [--quick] [--records N] [--part-bytes 16Mi]
-[--rows ...] [--peers-venv DIR] [--timeout S] [--workdir DIR]``. ``--quick``: 4,000 records, 4 MiB
-parts (about 2 minutes). The table goes to stdout, progress to stderr. One run; the numbers are as
+[--rows ...] [--peers-venv DIR] [--timeout S] [--workdir DIR]``. ``--quick``: 2,000 records, 2 MiB
+parts (about 1.5 minutes). The table goes to stdout, progress to stderr. One run; the numbers are as
 noisy as the machine, whose load average the notes give.
 """
 
@@ -443,18 +443,18 @@ def print_tables(bench: Bench, tables: dict[str, dict[str, Any]]) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="a smoke run: 4000 records, 4Mi parts")
-    parser.add_argument("--records", type=int, default=None, help="records; default 20000 (quick 4000)")
+    parser.add_argument("--quick", action="store_true", help="a smoke run: 2000 records, 2Mi parts")
+    parser.add_argument("--records", type=int, default=None, help="records; default 16000 (quick 2000)")
     parser.add_argument("--shape", default="64x64x3", help="image shape; default 64x64x3")
-    parser.add_argument("--part-bytes", default=None, help="yogacache's part size; default 16Mi (quick 4Mi)")
+    parser.add_argument("--part-bytes", default=None, help="yogacache's part size; default 16Mi (quick 2Mi)")
     parser.add_argument("--rows", default=",".join(ROWS), help=f"rows to measure, of {', '.join(ROWS)}")
     parser.add_argument("--peers-venv", default=str(PEERS_VENV), help=f"the MDS row's virtualenv; default {PEERS_VENV}")
     parser.add_argument("--timeout", type=float, default=None, help="seconds per row or build; default 600 (quick 180)")
     parser.add_argument("--workdir", default=None, help="where the temporary directory goes; default the system's")
     parser.add_argument("--keep", action="store_true", help="keep the work directory")
     args = parser.parse_args()
-    args.records = args.records or (4000 if args.quick else 20000)
-    args.part_bytes = args.part_bytes or ("4Mi" if args.quick else "16Mi")
+    args.records = args.records or (2000 if args.quick else 16000)
+    args.part_bytes = args.part_bytes or ("2Mi" if args.quick else "16Mi")
     args.timeout = args.timeout or (180 if args.quick else 600)
     chosen = [row for row in args.rows.split(",") if row]
     unknown = [row for row in chosen if row not in ROWS]
