@@ -160,3 +160,16 @@ def test_the_grain_snippet_runs_as_pasted(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip().splitlines()[-1] == "1000"
     assert "It prints `1000`" in section("## JAX (Grain)")
+
+
+def test_the_ray_snippet_runs_as_pasted(tmp_path: Path) -> None:
+    snippet = readme_block("## Ray Data and Ray Train")
+    assert "/tmp/yogacache_ray" in snippet and "docs/ray.md" in section("## Ray Data and Ray Train")
+    code = snippet.replace("/tmp/yogacache_ray", str(tmp_path / "fresh" / "yogacache_ray"))
+    code = code.replace("ray.init(num_cpus=2)", "ray.init(num_cpus=2, include_dashboard=False)")
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env,
+                            cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip().splitlines()[-2:] == ["1000", "1000 True"]
+    assert "It prints `1000`, then `1000 True`" in section("## Ray Data and Ray Train")
