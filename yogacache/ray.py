@@ -19,10 +19,10 @@ Splitting the epoch among Ray Train workers is Ray's (``train.get_dataset_shard`
 
 from __future__ import annotations
 
+import copy
 import functools
 import inspect
 import operator
-import pickle
 from typing import Any, Iterator, Optional, Sequence
 
 import numpy as np
@@ -121,15 +121,14 @@ class CacheDatasource(Datasource):  # type: ignore[misc]
         with its row count in its metadata (``Dataset.count()`` reads nothing)."""
         bounds = self.task_bounds(parallelism)
         record_bytes = int(self.reader.average_record_bytes)
-        # Each task reopens its own reader (what sending it to a worker process does anyway) and
-        # closes it when done: a finished task holds no part of a streamed cache on the node.
-        shipped = pickle.dumps(self.reader)
+        # Each task reads through a copy of its own (what sending the reader to a worker process
+        # makes anyway) and closes it when done: a finished task holds no part of a streamed cache.
         tasks = []
         for begin, end in zip(bounds, bounds[1:]):
             metadata = BlockMetadata(
                 num_rows=end - begin, size_bytes=(end - begin) * record_bytes, exec_stats=None, input_files=None
             )
-            read = functools.partial(_read_range, shipped, self.options, (self.epoch, self.position), (begin, end))
+            read = functools.partial(_read_range, self.reader, self.options, (self.epoch, self.position), (begin, end))
             tasks.append(ReadTask(read, metadata, per_task_row_limit=per_task_row_limit))
         return tasks
 
@@ -173,12 +172,13 @@ class CacheDatasource(Datasource):  # type: ignore[misc]
 
 
 def _read_range(
-    shipped: bytes, options: ReadOptions, point: tuple[int, int], positions: tuple[int, int]
+    shipped: CacheReader, options: ReadOptions, point: tuple[int, int], positions: tuple[int, int]
 ) -> Iterator[Any]:
     """A read task: plan positions ``[begin, end)`` of the epoch from ``point``, as blocks of
-    numpy columns, in plan order, read by the reader ``shipped`` (pickled), closed at the end.
+    numpy columns, in plan order, read by a copy of the reader ``shipped`` (its own, even where
+    the task runs in the process that made the Dataset), closed at the end.
     A streamed cache is told to fetch the range's parts, and only them."""
-    reader: CacheReader = pickle.loads(shipped)
+    reader = copy.deepcopy(shipped)  # reopens its parts as a reader sent to another process does
     try:
         yield from _read_blocks(reader, options, point, positions)
     finally:
