@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import tempfile
+from typing import Any
 
 import numpy as np
 
@@ -23,7 +24,7 @@ CLASSES = 4
 BATCH = 64
 
 
-def make_records() -> list[dict[str, np.ndarray]]:
+def make_records() -> list[dict[str, Any]]:
     rng = np.random.default_rng(0)
     weights = rng.normal(size=(FEATURES, CLASSES)).astype(np.float32)
     features = rng.normal(size=(RECORDS, 8, 8)).astype(np.float32)
@@ -63,11 +64,17 @@ def main() -> None:
 
     def loader() -> grain.DataLoader:
         sampler = CacheSampler(
-            source, shuffle=True, shuffle_seed=0, shuffle_mode="global", num_epochs=None,
+            source,
+            shuffle=True,
+            shuffle_seed=0,
+            shuffle_mode="global",
+            num_epochs=None,
             shard_options=grain.sharding.ShardByJaxProcess(drop_remainder=True),
         )
         return grain.DataLoader(
-            data_source=source, sampler=sampler, operations=[grain.transforms.Batch(BATCH, drop_remainder=True)],
+            data_source=source,
+            sampler=sampler,
+            operations=[grain.transforms.Batch(BATCH, drop_remainder=True)],
             worker_count=2,
         )
 

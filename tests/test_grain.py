@@ -34,8 +34,10 @@ def _grain_flags() -> None:
 
 
 def records(n: int = N) -> list[dict[str, Any]]:
-    return [{"image": np.full((3, 4), i, np.uint8), "label": np.int64(i), "pair": (np.float32(i / 2), np.int16(-i))}
-            for i in range(n)]
+    return [
+        {"image": np.full((3, 4), i, np.uint8), "label": np.int64(i), "pair": (np.float32(i / 2), np.int16(-i))}
+        for i in range(n)
+    ]
 
 
 @pytest.fixture
@@ -61,7 +63,7 @@ def test_records_equal_cache_datasets_by_index_batch_and_after_pickling(cache_di
     source = open_data_source("grainy", "v1", cache_dir)
     expected = CacheDataset(source.reader, output="numpy")
     assert len(source) == N
-    at = [0, 7, N - 1, -1, np.int64(5)]
+    at: list[Any] = [0, 7, N - 1, -1, np.int64(5)]
     assert all(same(got, want) for got, want in zip(source.__getitems__(at), expected.__getitems__(at)))
     assert all(same(source[i], expected[i]) for i in range(N))
     assert same(source._getitems([3, 1]), [expected[3], expected[1]])
@@ -92,11 +94,15 @@ def test_data_loader_with_two_workers_reads_each_record_once_and_resumes_exactly
 
     def loader() -> Any:
         sampler = grain.samplers.IndexSampler(
-            num_records=len(source), shard_options=grain.sharding.ShardByJaxProcess(), shuffle=True, num_epochs=1,
+            num_records=len(source),
+            shard_options=grain.sharding.ShardByJaxProcess(),
+            shuffle=True,
+            num_epochs=1,
             seed=3,
         )
-        return grain.DataLoader(data_source=source, sampler=sampler, operations=[grain.transforms.Batch(10)],
-                                worker_count=2)
+        return grain.DataLoader(
+            data_source=source, sampler=sampler, operations=[grain.transforms.Batch(10)], worker_count=2
+        )
 
     iterator = iter(loader())
     head = [next(iterator) for _ in range(4)]
@@ -120,7 +126,7 @@ def test_cache_sampler_reads_the_streams_order_on_each_rank(cache_dir: Path, mod
         assert len(sampler) == len(expected) and sampler.epoch_length == len(stream)
         got = labels(grain.DataLoader(data_source=source, sampler=sampler, worker_count=0))
         assert got == expected
-        assert expected[: len(stream)] != expected[len(stream):]
+        assert expected[: len(stream)] != expected[len(stream) :]
 
 
 @pytest.mark.parametrize("mode", ["global", "parts"])
@@ -166,8 +172,9 @@ def test_bad_arguments_say_what_is_wrong(cache_dir: Path) -> None:
 def test_data_layer_returns_a_grain_map_dataset_in_its_order(tmp_path: Path) -> None:
     import yogacache
 
-    layer = yogacache.DataLayer({"type": "shared_fs", "host_storage_path": str(tmp_path)}, rank=1, num_shards=2,
-                                seed=6, show_progress=False)
+    layer = yogacache.DataLayer(
+        {"type": "shared_fs", "host_storage_path": str(tmp_path)}, rank=1, num_shards=2, seed=6, show_progress=False
+    )
 
     @layer.cache_train_dataset("grainy", "v1", shuffle=True, shuffle_mode="global", returns="grain")
     def make() -> list[dict[str, Any]]:
@@ -180,8 +187,9 @@ def test_data_layer_returns_a_grain_map_dataset_in_its_order(tmp_path: Path) -> 
     first, second = labels(stream), labels(stream)
     assert labels(dataset.batch(7)) == first
     assert labels(dataset.repeat(2)) == first + second  # epochs past the first in their own order
-    options = ReadOptions.from_stream_args(shuffle=True, shuffle_seed=6, shard_rank=1, num_shards=2,
-                                           shuffle_mode="global")
+    options = ReadOptions.from_stream_args(
+        shuffle=True, shuffle_seed=6, shard_rank=1, num_shards=2, shuffle_mode="global"
+    )
     assert labels(from_options(ref, options)) == first
 
 
@@ -192,17 +200,29 @@ def test_streamed_from_s3_under_a_budget_workers_reuse_the_nodes_parts(s3_server
     bucket, prefix = cloud.new_bucket(), unique("caches")
     manifest = publish(cloud, bucket, prefix, tmp_path / "builder")
     with FaultProxy(s3_server.endpoint_url) as proxy:
-        config = node_config(cloud, bucket, prefix, tmp_path / "node", proxy.url, streaming=True,
-                             local_cache_limit=manifest.total_size_bytes)
+        config = node_config(
+            cloud,
+            bucket,
+            prefix,
+            tmp_path / "node",
+            proxy.url,
+            streaming=True,
+            local_cache_limit=manifest.total_size_bytes,
+        )
         source = open_data_source(DS, VER, config)
         assert source.reader.streamed
         sampler = CacheSampler(source, shard_rank=0, num_shards=1)  # cache order: each part read through once
-        loader = grain.DataLoader(data_source=source, sampler=sampler, operations=[grain.transforms.Batch(32)],
-                                  worker_count=2)
+        loader = grain.DataLoader(
+            data_source=source, sampler=sampler, operations=[grain.transforms.Batch(32)], worker_count=2
+        )
         got = [int(label) for batch in loader for label in batch[1]]
         assert sorted(got) == list(range(RECORDS))
         gets = [e.target for e in proxy.requests("GET") if "-part-" in e.target and e.size]
         assert sorted(set(gets)) == sorted(gets) and len(gets) == len(manifest.parts)
         expected = CacheDataset(source.reader, output="numpy")
-        assert all(same(a, b) for a, b in zip(source.__getitems__(range(0, RECORDS, 37)),
-                                             expected.__getitems__(list(range(0, RECORDS, 37)))))
+        assert all(
+            same(a, b)
+            for a, b in zip(
+                source.__getitems__(range(0, RECORDS, 37)), expected.__getitems__(list(range(0, RECORDS, 37)))
+            )
+        )
