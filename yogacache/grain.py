@@ -40,6 +40,9 @@ from yogacache.store import open_cache
 
 __all__ = ["CacheDataSource", "CacheSampler", "from_options", "open_data_source"]
 
+# Positions of an epoch's order a sampler computes at once (32 KiB of record indices).
+ORDER_BLOCK = 4096
+
 
 class CacheDataSource:
     """A Grain ``RandomAccessDataSource`` over a cache (or a mixture, its components concatenated):
@@ -78,7 +81,9 @@ class CacheDataSource:
         return i
 
     def __getitem__(self, index: int) -> Any:
-        return self.__getitems__([index])[0]
+        # One record: LMDB's own lookup costs less than a gather set up for one row (Grain's
+        # DataLoader reads record by record).
+        return self.reader.read_elements([self._index(index)])[0]
 
     def __getitems__(self, indices: Sequence[int]) -> list[Any]:
         """The records at ``indices``, read in one pass (one gather per leaf)."""
@@ -118,6 +123,7 @@ class _Order:
         self.first = epochs.remaining(self.start[1])
         self.per_epoch = len(epochs)
         self._plan: Optional[tuple[int, Any]] = None
+        self._held: Optional[tuple[int, int, np.ndarray]] = None
 
     def locate(self, k: int) -> tuple[int, int]:
         """(epoch, position within the plan read from that epoch's first position) of ``k``."""
@@ -133,16 +139,23 @@ class _Order:
         out = np.empty(len(ks), dtype=np.int64)
         for j, k in enumerate(ks):
             epoch, position = self.locate(k)
-            out[j] = self._epoch_plan(epoch).take(np.array([position], dtype=np.int64))[0]
+            block, at = divmod(position, ORDER_BLOCK)
+            out[j] = self._block(epoch, block)[at]
         return out
 
-    def _epoch_plan(self, epoch: int) -> Any:
-        if self._plan is None or self._plan[0] != epoch:
-            self._plan = (epoch, self.epochs.plan(epoch, self.epochs.first_position(epoch)))
-        return self._plan[1]
+    def _block(self, epoch: int, block: int) -> np.ndarray:
+        """Records ``block * ORDER_BLOCK`` … of ``epoch``'s plan, computed together (a keyed
+        permutation costs as much for one position as for thousands) and kept while read."""
+        if self._held is None or self._held[:2] != (epoch, block):
+            if self._plan is None or self._plan[0] != epoch:
+                self._plan = (epoch, self.epochs.plan(epoch, self.epochs.first_position(epoch)))
+            plan = self._plan[1]
+            begin = block * ORDER_BLOCK
+            self._held = (epoch, block, plan.indices(begin, min(len(plan), begin + ORDER_BLOCK)))
+        return self._held[2]
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_plan": None}  # plans are recomputed where they are read
+        return {**self.__dict__, "_plan": None, "_held": None}  # recomputed where they are read
 
 
 def _options(args: tuple[Any, ...], kwargs: dict[str, Any], shard_options: Any) -> ReadOptions:

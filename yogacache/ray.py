@@ -134,12 +134,15 @@ class CacheDatasource(Datasource):  # type: ignore[misc]
 
     def task_bounds(self, parallelism: int) -> list[int]:
         """The plan positions where read tasks begin, and the plan's end: ``parallelism`` ranges
-        as even as may be, each cut moved to the nearest clean cut between parts (one where every
-        part read before it is done with) within half a range."""
+        (no more than the parts the cache holds: Ray's hint sizes blocks of 1 MiB, and a task
+        costs Ray milliseconds of its own, as much as reading a few hundred records) as even as
+        may be, each cut moved to the nearest clean cut between parts (one where every part read
+        before it is done with) within half a range."""
         total = len(self)
         if total == 0:
             return [0]
-        count = max(1, min(operator.index(parallelism), total))
+        parts = max(1, layout_of(self.reader).num_parts)
+        count = max(1, min(operator.index(parallelism), total, parts))
         even = [round(k * total / count) for k in range(count + 1)]
         if count == 1:
             return even
@@ -259,7 +262,7 @@ def read_cache(
             mapping, a URL, a config file, a directory, or None for the local default.
         epoch: the epoch to read (default: the start point's, from ``start_offset`` or
             ``resume_state``).
-        override_num_blocks: the number of read tasks (Ray's default otherwise).
+        override_num_blocks: the number of read tasks, at most one per part (Ray's hint otherwise).
         ray_remote_args: Ray's remote arguments for the read tasks (``num_cpus``, …).
         **stream_args: ``DataRef.stream``'s arguments by name (``shuffle``, ``shuffle_seed``,
             ``skip_shuffle_at_epoch_end``, ``shuffle_mode``, ``start_offset``, ``resume_state``,
