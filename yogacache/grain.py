@@ -35,7 +35,7 @@ from yogacache import launcher
 from yogacache.format.spec import structure_builder
 from yogacache.read.epochs import EpochReader
 from yogacache.read.options import ReadOptions, stream_arguments, stream_signature
-from yogacache.read.pipeline import CacheSource, open_reader
+from yogacache.read.pipeline import CacheSource, open_reader, record_position
 from yogacache.store import open_cache
 
 __all__ = ["CacheDataSource", "CacheSampler", "from_options", "open_data_source"]
@@ -73,12 +73,7 @@ class CacheDataSource:
         )
 
     def _index(self, index: Any) -> int:
-        i = operator.index(index)
-        if i < 0:
-            i += len(self.reader)
-        if not 0 <= i < len(self.reader):
-            raise IndexError(f"index {index} is out of range for a cache of {len(self.reader)} records")
-        return i
+        return record_position(index, len(self.reader), "a cache")
 
     def __getitem__(self, index: int) -> Any:
         # One record: LMDB's own lookup costs less than a gather set up for one row (Grain's
@@ -220,7 +215,6 @@ class CacheSampler:
         self.epochs = EpochReader(data.reader, options)
         self.num_epochs = num_epochs
         self._order = _Order(self.epochs)
-        self._description = repr(data)
         # Grain's loader shards the sampler's indices unless told not to: this sampler already has.
         self._shard_options = grain.sharding.NoSharding()
 
@@ -239,10 +233,6 @@ class CacheSampler:
     def first_epoch_length(self) -> int:
         """Records read of the start epoch (from the start point to its end)."""
         return self._order.first
-
-    def epoch_of(self, index: int) -> int:
-        """The epoch index ``index`` reads."""
-        return self._order.locate(operator.index(index))[0]
 
     def __getitem__(self, index: int) -> grain.RecordMetadata:
         k = operator.index(index)
@@ -264,7 +254,7 @@ class CacheSampler:
         # Grain checks a checkpoint against repr(sampler): the order's definition, no addresses.
         o = self.options
         return (
-            f"CacheSampler({self._description}, shuffle={o.shuffle}, reshuffle_each_epoch={o.reshuffle_each_epoch}, "
+            f"CacheSampler({self.source!r}, shuffle={o.shuffle}, reshuffle_each_epoch={o.reshuffle_each_epoch}, "
             f"shuffle_seed={o.shuffle_seed}, shuffle_mode={o.shuffle_mode!r}, shard_rank={o.shard_rank}, "
             f"num_shards={o.num_shards}, start={self._order.start}, num_epochs={self.num_epochs})"
         )

@@ -86,11 +86,10 @@ class CacheDatasource(Datasource):  # type: ignore[misc]
                 f"the cache at {self.reader.directory} has bfloat16 leaves, which Arrow (Ray Data's "
                 "blocks) cannot hold: read it with yogacache.torch or yogacache.grain"
             )
-        start_epoch, start_position = self._epochs().start
-        self.epoch = start_epoch if epoch is None else operator.index(epoch)
+        self.epoch = self._epochs().start[0] if epoch is None else operator.index(epoch)
         if self.epoch < 0:
             raise ValueError(f"epoch must not be negative, got {epoch}")
-        self.position = start_position if self.epoch == start_epoch else 0
+        self.position = self._epochs().first_position(self.epoch)
 
     def _epochs(self) -> EpochReader:
         """The epochs of this process's reader (made once per process: not pickled)."""

@@ -33,7 +33,7 @@ from yogacache import launcher
 from yogacache.format.spec import STRING, Spec, TensorSpec, flatten, spec_leaves, structure_builder, unflatten
 from yogacache.read.epochs import EpochReader
 from yogacache.read.options import ReadOptions, stream_arguments, stream_signature
-from yogacache.read.pipeline import CacheSource, open_reader
+from yogacache.read.pipeline import CacheSource, open_reader, record_position
 from yogacache.read.reader import CacheReader
 from yogacache.read.schedule import ReadSchedule
 
@@ -103,12 +103,7 @@ class CacheDataset(Dataset):  # type: ignore[type-arg]
         return len(self.reader)
 
     def _index(self, index: Any) -> int:
-        i = operator.index(index)
-        if i < 0:
-            i += len(self.reader)
-        if not 0 <= i < len(self.reader):
-            raise IndexError(f"index {index} is out of range for a dataset of {len(self.reader)} records")
-        return i
+        return record_position(index, len(self.reader))
 
     def __getitem__(self, index: int) -> Any:
         return self.__getitems__([index])[0]

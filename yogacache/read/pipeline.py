@@ -11,6 +11,7 @@ other.
 from __future__ import annotations
 
 import logging
+import operator
 import os
 import threading
 from typing import Any, Callable, Iterator, Optional, Protocol, Union
@@ -47,6 +48,7 @@ __all__ = [
     "ReaderSource",
     "Stream",
     "open_reader",
+    "record_position",
     "plan_reads",
     "read_stream",
     "warn_random_streaming",
@@ -76,6 +78,18 @@ def open_reader(source: CacheSource) -> CacheReader:
     raise TypeError(
         f"expected a CacheReader, a CacheDataRef or a cache directory, got {type(source).__name__}"
     )
+
+
+def record_position(index: Any, records: int, what: str = "a dataset") -> int:
+    """``index`` (an int or numpy integer, negative from the end) as a record position in
+    ``[0, records)``, or IndexError naming ``what`` holds the records: how the map-style adapters
+    (``yogacache.torch.CacheDataset``, ``yogacache.grain.CacheDataSource``) index a cache."""
+    i = operator.index(index)
+    if i < 0:
+        i += records
+    if not 0 <= i < records:
+        raise IndexError(f"index {index} is out of range for {what} of {records} records")
+    return i
 
 
 class Stream:
