@@ -318,6 +318,9 @@ def test_resume_state_is_small_and_checked() -> None:
         "window": 2,
         "dealt": 0,
         "parts_order": 2,
+        "shuffle": True,
+        "reshuffle_each_epoch": True,
+        "parts_window": 2,
     }
     assert ResumeState.from_dict(json.loads(json.dumps(state))).to_dict() == state
     resized = schedule(layout, 0, (3, 1), seed=3, drop=True, state=state)
@@ -328,15 +331,15 @@ def test_resume_state_is_small_and_checked() -> None:
         "ranks_per_node": 2,
         "dealt": 15,  # three ranks read five records each of the rest
     }
-    with pytest.raises(ValueError, match="parts_window=2, this reader uses 3"):
+    with pytest.raises(ValueError, match="saved with parts_window=2, this reader has parts_window=3"):
         schedule(layout, 0, (4, 2), seed=3, drop=True, state=state, window=3)
     with pytest.raises(ValueError, match="seed"):
         schedule(layout, 0, (4, 2), seed=4, drop=True, state=state)
     with pytest.raises(ValueError, match="lacks"):
         schedule(layout, 0, (4, 2), seed=3, state={k: v for k, v in state.items() if k != "dealt"})
-    with pytest.raises(ValueError, match="more than an epoch"):
+    with pytest.raises(ValueError, match=r"consumed=26 is out of range: this reader takes 0 to 25"):
         schedule(layout, 0, (4, 2), seed=3, state={**state, "consumed": 26})
-    with pytest.raises(ValueError, match="dealt 99 records of a rest of 72"):
+    with pytest.raises(ValueError, match="dealt=99 is out of range: this reader takes 0 to 72"):
         schedule(layout, 0, (3, 1), seed=3, state={**state, "dealt": 99})
     with pytest.raises(ValueError, match="not valid"):
         schedule(layout, 0, (4, 2), seed=3, state={**state, "num_shards": 3})
@@ -345,7 +348,8 @@ def test_resume_state_is_small_and_checked() -> None:
     # States of the other modes keep their format.
     glob = ReadSchedule(100, ReadOptions(shuffle=True, shuffle_seed=3, num_shards=4, shuffle_mode="global"))
     assert glob.state(glob.start, 7) == {
-        "version": 1, "mode": "global", "epoch": 0, "consumed": 28, "seed": 3, "num_records": 100
+        "version": 1, "mode": "global", "epoch": 0, "consumed": 28, "seed": 3, "num_records": 100,
+        "shuffle": True, "reshuffle_each_epoch": False,
     }
 
 
@@ -366,7 +370,7 @@ def test_a_state_from_before_the_lead_resumes_in_its_own_order() -> None:
     assert resumed.state(resumed.start, 10)["parts_order"] == 1
     assert read_from(resumed, (1, 0)) == read_from(s, (1, 0))
     assert resumed.state((1, 0), 0)["parts_order"] == 2
-    with pytest.raises(ValueError, match="parts order 3"):
+    with pytest.raises(ValueError, match="parts_order=3 is out of range"):
         schedule(layout, 0, (2, 1), seed=5, window=4, state={**old_state, "parts_order": 3})
 
 

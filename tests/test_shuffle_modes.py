@@ -89,10 +89,14 @@ def test_a_registered_mode_works_end_to_end(ref: CacheDataRef, reverse_registere
     assert batches is not None and np.concatenate([c[0] for c in batches()]).tolist() == [10, 7, 4, 1]
     # Resume states name the mode, and resume where they say.
     state = stream.state_dict(6)
-    assert state == {"version": 1, "mode": "reverse", "epoch": 1, "consumed": 2, "seed": None, "num_records": 11}
+    build = ref.reader.manifest.build_id
+    assert state == {
+        "version": 1, "mode": "reverse", "epoch": 1, "consumed": 2, "seed": None, "num_records": 11,
+        "build": build, "shuffle": False,
+    }
     resumed = ref.stream(shard_rank=1, num_shards=3, shuffle_mode="reverse", resume_state=state)
     assert [int(e["i"]) for e in resumed] == [4, 1]
-    with pytest.raises(ValueError, match="the resume state is for shuffle_mode='reverse'"):
+    with pytest.raises(ValueError, match="the resume state was saved with shuffle_mode='reverse'"):
         ref.stream(resume_state=state)
     # The mode's own check runs when the options are made.
     with pytest.raises(ValueError, match="does not shuffle"):

@@ -45,3 +45,8 @@ class ConfigError(YogaCacheError, ValueError):
 
 class NoSpaceError(YogaCacheError):
     """This node's disk has no room for a download (a local fault, never retried as a remote one)."""
+
+
+class ResumeStateError(YogaCacheError, ValueError):
+    """A resume state does not fit the reader resuming it (another order, or numbers out of range):
+    resuming it would read other records than the rest of the epoch it was saved in."""

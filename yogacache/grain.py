@@ -36,6 +36,7 @@ from yogacache.format.spec import structure_builder
 from yogacache.read.epochs import EpochReader
 from yogacache.read.options import ReadOptions, stream_arguments, stream_signature
 from yogacache.read.pipeline import CacheSource, open_reader, record_position
+from yogacache.read.state import fingerprint
 from yogacache.store import open_cache
 
 __all__ = ["CacheDataSource", "CacheSampler", "from_options", "open_data_source"]
@@ -252,11 +253,16 @@ class CacheSampler:
 
     def __repr__(self) -> str:
         # Grain checks a checkpoint against repr(sampler): the order's definition, no addresses.
+        # ``order`` fingerprints everything that decides it, as resume states record it (mixture
+        # counts, mode settings such as parts_window and ranks_per_node, windows fitted to the
+        # budget: ``ReadSchedule.order_settings``), so a checkpoint of another order is refused.
         o = self.options
+        order = fingerprint(self.epochs.schedule.order_settings())
         return (
-            f"CacheSampler({self.source!r}, shuffle={o.shuffle}, reshuffle_each_epoch={o.reshuffle_each_epoch}, "
-            f"shuffle_seed={o.shuffle_seed}, shuffle_mode={o.shuffle_mode!r}, shard_rank={o.shard_rank}, "
-            f"num_shards={o.num_shards}, start={self._order.start}, num_epochs={self.num_epochs})"
+            f"CacheSampler({self.source!r}, order={order}, shuffle={o.shuffle}, "
+            f"reshuffle_each_epoch={o.reshuffle_each_epoch}, shuffle_seed={o.shuffle_seed}, "
+            f"shuffle_mode={o.shuffle_mode!r}, shard_rank={o.shard_rank}, num_shards={o.num_shards}, "
+            f"start={self._order.start}, num_epochs={self.num_epochs})"
         )
 
 

@@ -6,6 +6,7 @@ What streaming asks of any order (the parts a rank needs, in order of first use)
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, NamedTuple, Optional, Sequence
 
@@ -22,11 +23,13 @@ __all__ = ["PartLayout", "PartUse", "most_at_once", "parts_read_in_order"]
 @dataclass(frozen=True, eq=False)
 class PartLayout:
     """How a cache's records lie in its parts: part ``i`` holds records ``starts[i]`` to
-    ``starts[i] + records[i]``, in ``sizes[i]`` bytes (0 where unknown)."""
+    ``starts[i] + records[i]``, in ``sizes[i]`` bytes (0 where unknown). ``build``: the build id
+    of the cache it describes (None where unknown), which resume states record."""
 
     records: np.ndarray
     sizes: np.ndarray
     starts: np.ndarray = field(init=False)
+    build: Optional[str] = None
 
     def __post_init__(self) -> None:
         records = np.asarray(self.records, dtype=np.int64).reshape(-1)
@@ -56,10 +59,9 @@ class PartLayout:
         layout = cls.from_counts([p.num_records for p in parts], [p.size_bytes for p in parts])
         if any(p.first_record != int(s) for p, s in zip(parts, layout.starts)):
             raise ValueError(
-                f"the parts of cache {manifest.dataset_id}:{manifest.dataset_version} do not hold "
-                "consecutive records"
+                f"the parts of cache {manifest.dataset_id}:{manifest.dataset_version} do not hold consecutive records"
             )
-        return layout
+        return dataclasses.replace(layout, build=manifest.build_id)
 
     @property
     def num_parts(self) -> int:

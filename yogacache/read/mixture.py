@@ -54,6 +54,7 @@ from yogacache.read.plans import EpochPlan, Point, StridedPlan
 from yogacache.read.schedule import ReadSchedule
 from yogacache.read.shuffle import (
     MIXTURE_MODE,
+    MIXTURE_SETTINGS,
     GlobalMode,
     MixtureState,
     ResumeState,
@@ -61,6 +62,7 @@ from yogacache.read.shuffle import (
     is_mixture_state,
     shuffle_mode,
 )
+from yogacache.read.state import MAX_EPOCH, ResumeStateError, check_state
 
 __all__ = [
     "MIXTURE_MODE",
@@ -406,8 +408,6 @@ class MixtureMode(GlobalMode):
 # -- resume states ---------------------------------------------------------------------------------
 
 
-
-
 # -- the schedule ----------------------------------------------------------------------------------
 
 
@@ -546,45 +546,111 @@ class MixtureSchedule(ReadSchedule):
             self.options.shuffle_seed,
             self.options.shuffle_mode,
             tuple(zip(self.names, self.mixed.sizes.tolist(), self.counts)),
+            settings={key: value for key, value in self._settings().items() if key in MIXTURE_SETTINGS},
+            builds=tuple(layout.build for layout in self.layouts),
+            windows=self._windows(epoch, position),
         ).to_dict()
+
+    # -- the state contract (``yogacache.read.state``) ------------------------------------------
+    def _settings(self) -> dict[str, Any]:
+        """What decides the mixed order besides the components, in the order to compare them."""
+        options = self.options
+        settings: dict[str, Any] = {"order": options.shuffle_mode, "shuffle": options.shuffle}
+        if options.shuffle:
+            settings["seed"] = options.shuffle_seed
+            settings["reshuffle_each_epoch"] = options.reshuffle_each_epoch
+        settings["rotate"] = self.mixed.rotate
+        own = self.mixed.passes[0].order_settings() if self.mixed.passes else {}
+        settings.update({key: own[key] for key in type(self.mixed.passes[0]).setting_keys if key in own})
+        return settings
+
+    def _pass_span(self, component: int, epoch: int, position: int) -> Optional[tuple[int, int]]:
+        """The passes of component ``component`` from epoch ``epoch``'s position ``position`` to
+        the pass its last draw of the epoch is in (read on into the next epoch); None if the
+        component takes no records."""
+        mixed = self.mixed
+        count, size = int(mixed.counts[component]), int(mixed.sizes[component])
+        if count == 0:
+            return None
+        drawn = mixed.draw_epoch(epoch) * count
+        before = int(mixed.draws_before(epoch, position)[component]) if position else 0
+        last = drawn + count - 1
+        return min(drawn + before, last) // size, last // size
+
+    def _windows(self, epoch: int, position: int) -> Optional[tuple[tuple[tuple[int, int], ...], ...]]:
+        """Each component's windows (``PartsMode.window_runs``) over the passes the rest of the
+        epoch reads; None where the components' order has no window."""
+        passes = self.mixed.passes
+        if not passes or not hasattr(passes[0], "window_runs"):
+            return None
+        found = []
+        for i, mode in enumerate(passes):
+            span = self._pass_span(i, epoch, min(position, self.num_records))
+            found.append(() if span is None else tuple(mode.window_runs(*span)))  # type: ignore[attr-defined]
+        return tuple(found)
+
+    def order_settings(self) -> dict[str, Any]:
+        """Everything that decides this rank's mixed order (``ReadSchedule.order_settings``): the
+        components, their builds and counts, the settings, the windows fitted to the budget."""
+        options = self.options
+        windows = [getattr(mode, "window", None) for mode in self.mixed.passes]
+        return {
+            "mode": MIXTURE_MODE,
+            "components": [list(each) for each in zip(self.names, self.mixed.sizes.tolist(), self.counts)],
+            "builds": [layout.build for layout in self.layouts],
+            **self._settings(),
+            "shard_rank": options.shard_rank,
+            "num_shards": options.num_shards,
+            "drop_shard_remainder": options.drop_shard_remainder,
+            "windows": windows,
+        }
 
     def resume_point(self, resume_state: Mapping[str, Any]) -> Point:
         """The point a mixture's resume state names, refused (naming what changed) unless it was
-        taken of this mixture: the same components, versions, counts, seed and order."""
+        taken of this mixture: the same components, builds, counts and order settings
+        (``check_state``), and a position in range. Windows fitted to another budget are
+        honoured: each component reads the passes the state's epoch reads with the state's."""
         state = MixtureState.from_dict(resume_state)
         ours = tuple(zip(self.names, self.mixed.sizes.tolist(), self.counts))
         if len(state.components) != len(ours):
-            raise ValueError(
+            raise ResumeStateError(
                 f"the resume state is of a mixture of {len(state.components)} components, this one has {len(ours)}"
             )
         pairs = list(enumerate(zip(state.components, ours)))
+        builds = state.builds or (None,) * len(ours)
         # The caches first: a changed one changes the epoch's counts of the others too.
         for i, ((name, records, _), (now, size, _)) in pairs:
             if name != now:
-                raise ValueError(
+                raise ResumeStateError(
                     f"mixture component {i} changed since the checkpoint: it was {name}, it is {now}; "
                     "resume with the components the state was taken with"
                 )
             if records != size:
-                raise ValueError(
+                raise ResumeStateError(
                     f"mixture component {i} ({now}) changed since the checkpoint: it had {records} records, "
                     f"it has {size}"
                 )
+            build = self.layouts[i].build
+            if builds[i] is not None and build is not None and builds[i] != build:
+                raise ResumeStateError(
+                    f"mixture component {i} ({now}) was rebuilt since the checkpoint: it was build {builds[i]}, "
+                    f"it is build {build}; its records may differ: resume on the build the state was taken of"
+                )
         for i, ((_, _, count), (now, _, share)) in pairs:
             if count != share:
-                raise ValueError(
+                raise ResumeStateError(
                     f"mixture component {i} ({now}) took {count} records per epoch when the state was taken, "
                     f"it takes {share} now: resume with the same weights and epoch size"
                 )
-        if state.order != self.options.shuffle_mode:
-            raise ValueError(
-                f"the resume state is for shuffle_mode={state.order!r}, this mixture uses {self.options.shuffle_mode!r}"
-            )
-        if self.options.shuffle and state.seed != self.options.shuffle_seed:
-            raise ValueError(
-                f"the resume state was taken with seed {state.seed}, this mixture uses {self.options.shuffle_seed}"
-            )
-        if state.consumed > self.num_records:
-            raise ValueError(f"the resume state consumed {state.consumed} records of an epoch of {self.num_records}")
+        check_state(
+            state.to_dict(),
+            self._settings(),
+            {"epoch": (0, MAX_EPOCH), "consumed": (0, self.num_records)},
+            reader="this mixture",
+        )
+        if state.windows is not None:
+            for mode, runs in zip(self.mixed.passes, state.windows):
+                if runs and hasattr(mode, "pin_windows"):
+                    mode.pin_windows(list(runs), "share of the budget")
         point = ResumeState(MIXTURE_MODE, state.epoch, state.consumed, state.seed, self.num_records)
         return self.order.resume_point(point)

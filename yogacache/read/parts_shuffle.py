@@ -58,6 +58,7 @@ from yogacache.arguments import as_int
 from yogacache.read.layout import PartLayout, PartUse, most_at_once, parts_read_in_order
 from yogacache.read.permutation import KeyedPermutation
 from yogacache.read.shuffle import SHUFFLE_MODES, EpochPlan, OrderOptions, Point, ResumeState, ShuffleMode, StridedPlan
+from yogacache.read.state import ResumeStateError, say_once
 
 __all__ = [
     "DEFAULT_PARTS_WINDOW",
@@ -420,7 +421,6 @@ class PartsOptions:
         return settings if isinstance(settings, cls) else cls()
 
 
-
 class PartsMode(ShuffleMode):
     """Each epoch the parts permuted, cut into one run per node, mixed ``parts_window`` at a time."""
 
@@ -428,6 +428,8 @@ class PartsMode(ShuffleMode):
     state_keys: ClassVar[tuple[str, ...]] = ("num_shards", "ranks_per_node", "window", "dealt", "parts_order")
     # Keys a state from an earlier release may lack (``parts_order``: 1 then).
     _optional_keys: ClassVar[tuple[str, ...]] = ("parts_order",)
+    # ``parts_window`` as asked; ``window`` (a state key) is the window read, fitted to a budget.
+    setting_keys: ClassVar[tuple[str, ...]] = ("parts_window",)
     options_type: ClassVar[Optional[type[Any]]] = PartsOptions
 
     def __init__(self, num_records: int, options: OrderOptions, layout: Optional[PartLayout] = None) -> None:
@@ -442,13 +444,17 @@ class PartsMode(ShuffleMode):
             raise ValueError(f"the part layout holds {layout.num_records} records, the dataset {num_records}")
         self.layout = self.parts = layout
         settings = PartsOptions.of(options)
-        self.window = settings.parts_window
+        self.asked = self.window = settings.parts_window
         self.split = _Split(num_records, options.num_shards, settings.per_node)
+        self._budget: Optional[int] = None  # the node budget fitted to (``fit_budget``)
+        # Epochs read with another window than ``window``: (last epoch, window), in epoch order
+        # (``pin_windows``: the rest of an epoch resumed from a state of another budget's window).
+        self._pins: list[tuple[int, int]] = []
         self._residual: Optional[_Residual] = None
         # The epoch resumed from a state taken in the order before the lead (``parts_order``
         # 1): the rest of it is read in that order, the epochs after in this one.
         self._order_one_epoch: Optional[int] = None
-        self._epochs: dict[tuple[int, int], _EpochParts] = {}  # the latest two epochs' part orders
+        self._epochs: dict[tuple[int, int, int], _EpochParts] = {}  # the latest two epochs' part orders
         self._lock = threading.Lock()  # plans of neighbouring epochs may be made in threads
 
     @classmethod
@@ -460,6 +466,7 @@ class PartsMode(ShuffleMode):
         streamed reader never fetches a part twice for want of room; says so, or None."""
         if budget_bytes is None:
             return None
+        self._budget = budget_bytes
         asked = self.window
         fitted = budget_window(asked, self.parts, budget_bytes)
         if fitted >= asked:
@@ -503,16 +510,73 @@ class PartsMode(ShuffleMode):
         """The order epoch ``epoch`` is read in (``PARTS_ORDER``, or 1 for a resumed one)."""
         return 1 if epoch == self._order_one_epoch else PARTS_ORDER
 
+    def window_of(self, epoch: int) -> int:
+        """The window epoch ``epoch`` is read with: ``window``, or a pinned one (``pin_windows``)."""
+        for last, window in self._pins:
+            if epoch <= last:
+                return window
+        return self.window
+
+    def window_runs(self, first: int, last: int) -> list[tuple[int, int]]:
+        """The windows of epochs ``first`` to ``last``: ``(last epoch, window)`` runs, in order."""
+        runs: list[tuple[int, int]] = []
+        start = first
+        for end, window in self._pins:
+            if end < start:
+                continue
+            if start > last:
+                break
+            runs.append((min(end, last), window))
+            start = end + 1
+        if start <= last:
+            runs.append((last, self.window))
+        merged: list[tuple[int, int]] = []
+        for end, window in runs:
+            if merged and merged[-1][1] == window:
+                merged[-1] = (end, window)
+            else:
+                merged.append((end, window))
+        return merged
+
+    def pin_windows(self, runs: list[tuple[int, int]], why: str) -> None:
+        """Reads the epochs up to each ``(last epoch, window)`` of ``runs`` (in epoch order) with
+        that window, exactly as a resume state names them (a window fitted to another budget),
+        and says so once; the epochs after with this reader's own. Refuses a window that this
+        node's budget cannot read an epoch with at all (its parts and the next one: ``w + 1``)."""
+        largest = int(self.parts.sizes.max()) if self.parts.num_parts else 0
+        for _, window in runs:
+            need = (window + 1) * largest
+            if window != self.window and self._budget is not None and largest and need > self._budget:
+                raise ResumeStateError(
+                    f"the resume state was saved with window={window} (parts_window fitted to the node budget "
+                    f"then), this reader has window={self.window}: this node's {why} ({_size(self._budget)}, "
+                    f"local_cache_limit) holds {self._budget // largest} of this cache's parts (up to "
+                    f"{_size(largest)} each), and the rest of the epoch needs {window + 1} ({window} mixed at a "
+                    f"time and the next). Raise local_cache_limit to at least {_size(need)} to resume, or start "
+                    "the epoch over without the state"
+                )
+        if all(window == self.window for _, window in runs):
+            return
+        with self._lock:
+            self._pins = sorted(runs)
+            self._epochs.clear()
+        shown = ", ".join(f"window={window} through epoch {last}" for last, window in runs if window != self.window)
+        say_once(
+            f"shuffle_mode='parts' resumes with {shown}, as the resume state was saved (a window fitted to "
+            f"another node budget), then reads with window={self.window}, fitted to this node's {why}"
+        )
+
     def _epoch(self, epoch: int) -> _EpochParts:
         options = self.options
-        key = (epoch if options.reshuffle_each_epoch else 0, self._order(epoch))
+        window = self.window_of(epoch)
+        key = (epoch if options.reshuffle_each_epoch else 0, self._order(epoch), window)
         with self._lock:
             parts = self._epochs.get(key)
             if parts is None:
                 seed = options.shuffle_seed if options.shuffle else None
                 while len(self._epochs) >= 2:
                     del self._epochs[min(self._epochs)]
-                parts = self._epochs[key] = _EpochParts(self.parts, self.window, seed, key[0], key[1])
+                parts = self._epochs[key] = _EpochParts(self.parts, window, seed, key[0], key[1])
         return parts
 
     def _dealt_end(self, residual: _Residual, dealt: int) -> int:
@@ -583,49 +647,62 @@ class PartsMode(ShuffleMode):
             "consumed": consumed,
             "num_shards": split.shards,
             "ranks_per_node": split.per_node,
-            "window": self.window,
+            "window": self.window_of(epoch),
             "dealt": dealt,
             "parts_order": self._order(epoch),
         }
 
-    def resume_point(self, state: ResumeState) -> Point:
+    # -- the state contract ---------------------------------------------------------------------
+    def order_settings(self) -> dict[str, Any]:
+        # The window asked for is compared; the one read (fitted to a budget) is honoured
+        # (``resume_point``), and the split too (the rest of the epoch dealt anew).
+        return {**super().order_settings(), "parts_window": self.asked}
+
+    def reader_settings(self) -> dict[str, Any]:
+        return {"window": self.window, "ranks_per_node": self.split.per_node}
+
+    def state_limits(self, state: ResumeState) -> dict[str, tuple[int, int]]:
         fields = {key: state.get(key) for key in self.state_keys}
         missing = sorted(key for key, value in fields.items() if value is None and key not in self._optional_keys)
         if missing:
-            raise ValueError(f"a parts-mode resume state names {', '.join(self.state_keys)}; this one lacks {missing}")
-        order = 1 if fields["parts_order"] is None else int(fields["parts_order"])
-        if order not in _ORDERS:
-            raise ValueError(
-                f"the resume state was taken in parts order {order}, and this release reads orders "
-                f"{', '.join(map(str, _ORDERS))}: resume it with the release that wrote it"
-            )
-        window, dealt = fields["window"], int(fields["dealt"] or 0)
-        if window != self.window:
-            raise ValueError(
-                f"the resume state was taken with parts_window={window}, this reader uses "
-                f"{self.window}: resume with the same window (it may change at an epoch's start)"
+            raise ResumeStateError(
+                f"a parts-mode resume state names {', '.join(self.state_keys)}; this one lacks {missing}"
             )
         shards, per_node = int(fields["num_shards"] or 0), int(fields["ranks_per_node"] or 0)
         if shards < 1 or per_node < 1 or shards % per_node:
-            raise ValueError(f"the resume state's split ({shards} ranks, {per_node} per node) is not valid")
+            raise ResumeStateError(f"the resume state's split ({shards} ranks, {per_node} per node) is not valid")
+        split = _Split(self.num_records, shards, per_node)
+        most = split.most(False)
+        consumed = min(max(0, state.consumed), most)
+        limits = {
+            **super().state_limits(state),
+            # Fitting to a budget only narrows the window asked for.
+            "window": (1, max(self.asked, self.parts.num_parts)),
+            "parts_order": (min(_ORDERS), max(_ORDERS)),
+            "consumed": (0, most),
+            # The rest of the epoch after ``consumed``, dealt anew: no further than its end.
+            "dealt": (0, _Residual.of(state.epoch, split, consumed).size),
+        }
+        return limits
+
+    def resume_point(self, state: ResumeState) -> Point:
+        fields = {key: state.get(key) for key in self.state_keys}
+        order = 1 if fields["parts_order"] is None else int(fields["parts_order"])
+        window, dealt = int(fields["window"] or 0), int(fields["dealt"] or 0)
+        shards, per_node = int(fields["num_shards"] or 0), int(fields["ranks_per_node"] or 0)
         split = _Split(self.num_records, shards, per_node)
         consumed = state.consumed
-        if consumed > split.most(False):
-            raise ValueError(
-                f"the resume state consumed {consumed} records per rank of {shards}, more than an "
-                f"epoch of {self.num_records} records gives a rank"
-            )
         self._residual = None
         with self._lock:
             self._order_one_epoch = state.epoch if order == 1 else None
             self._epochs.clear()
+        # A window fitted to another budget: the rest of this epoch as the state names it.
+        self.pin_windows([(state.epoch, window)], "budget")
         if split == self.split and dealt == 0 or consumed == dealt == 0:
             if consumed >= self.split.most(self.options.drop_shard_remainder):
                 return state.epoch + 1, 0
             return state.epoch, consumed
         residual = _Residual.of(state.epoch, split, consumed)
-        if dealt > residual.size:
-            raise ValueError(f"the resume state dealt {dealt} records of a rest of {residual.size}")
         if self._dealt_end(residual, dealt) == dealt:  # nothing left for any rank
             return state.epoch + 1, 0
         self._residual = residual
@@ -655,9 +732,7 @@ class RandomReadRefetch(NamedTuple):
     budget_bytes: int
 
 
-def random_read_refetch(
-    layout: PartLayout, budget_bytes: int, records: int, read_records: int
-) -> RandomReadRefetch:
+def random_read_refetch(layout: PartLayout, budget_bytes: int, records: int, read_records: int) -> RandomReadRefetch:
     """The bytes a node fetches per epoch when it reads ``records`` records at uniformly random
     places of the cache (``"shard"`` and ``"global"`` modes), ``read_records`` per read, and keeps
     at most ``budget_bytes`` of parts.

@@ -145,8 +145,24 @@ class ReadSchedule:
             num_records=self.num_records,
             shard_rank=self.shard_rank if per_shard else None,
             num_shards=self.num_shards if per_shard else None,
+            settings=self.order.state_settings(),
         )
         return state.updated(self.order.state_fields(epoch, position)).to_dict()
+
+    def order_settings(self) -> dict[str, Any]:
+        """Everything that decides this rank's order, values fitted to a budget included: what a
+        resume state is checked against (``ShuffleMode.order_settings``), this rank's place, and
+        what a resume honours (``ShuffleMode.reader_settings``: values fitted to the budget).
+        Grain's checkpoint check sees it through ``yogacache.grain``'s reprs
+        (``yogacache.read.state.fingerprint``)."""
+        options = self.options
+        return {
+            **self.order.order_settings(),
+            "shard_rank": options.shard_rank,
+            "num_shards": options.num_shards,
+            "drop_shard_remainder": options.drop_shard_remainder,
+            **self.order.reader_settings(),
+        }
 
     def resume_point(self, resume_state: Mapping[str, Any]) -> tuple[int, int]:
         """The ``(epoch, position)`` a resume state names, checked against this schedule."""
@@ -156,13 +172,5 @@ class ReadSchedule:
                 f"the resume state is a mixture's ({names}), not one cache's: resume the mixture it was taken of"
             )
         state = ResumeState.from_dict(resume_state)
-        if state.mode != self.mode:
-            raise ValueError(f"the resume state is for shuffle_mode={state.mode!r}, this reader uses {self.mode!r}")
-        if state.num_records != self.num_records:
-            raise ValueError(
-                f"the resume state is for a dataset of {state.num_records} records, this one has "
-                f"{self.num_records}"
-            )
-        if self.options.shuffle and state.seed != self.seed:
-            raise ValueError(f"the resume state was taken with seed {state.seed}, this reader uses {self.seed}")
+        self.order.check_state(state)  # the one check: every setting that decides the order, every range
         return self.order.resume_point(state)

@@ -46,6 +46,7 @@ from yogacache.read.layout import PartLayout, PartUse, parts_read_in_order
 from yogacache.read.permutation import KeyedPermutation
 from yogacache.read.plans import ArrayPlan, EpochPlan, GlobalPlan, Point, StridedPlan
 from yogacache.read.sampler import ShardOrder, check_shuffle, shard_indices
+from yogacache.read.state import MAX_EPOCH, ResumeStateError, check_state, parse_settings
 
 __all__ = [
     "ArrayPlan",
@@ -92,6 +93,9 @@ class OrderOptions(Protocol):
 STATE_VERSION = 1
 # Keys every resume state may hold; a mode adds its own (``ShuffleMode.state_keys``).
 STATE_KEYS = ("version", "mode", "epoch", "consumed", "seed", "num_records", "shard_rank", "num_shards")
+# The order-deciding settings every state records (``yogacache.read.state``); a mode adds its
+# own (``ShuffleMode.setting_keys``). States of earlier releases lack them.
+STATE_SETTINGS = ("build", "shuffle", "reshuffle_each_epoch")
 
 
 @dataclass(frozen=True)
@@ -102,6 +106,9 @@ class ResumeState:
     together in global mode, by this rank (of its shard) in shard mode, whose states also name
     the shard they belong to. ``fields`` holds the keys a mode adds (``ShuffleMode.state_keys``,
     integers or None): the parts mode's split and window (``yogacache.read.parts_shuffle``).
+    ``settings`` holds the order-deciding settings it was saved with (``STATE_SETTINGS`` and the
+    mode's ``setting_keys``; a state of an earlier release lacks them), which
+    ``yogacache.read.state.check_state`` compares with the resuming reader's.
     """
 
     mode: str
@@ -112,6 +119,7 @@ class ResumeState:
     shard_rank: Optional[int] = None
     num_shards: Optional[int] = None
     fields: Mapping[str, Optional[int]] = field(default_factory=dict)
+    settings: Mapping[str, Any] = field(default_factory=dict)
 
     def get(self, key: str) -> Optional[int]:
         """The value of state key ``key`` (common or the mode's), None where it has none."""
@@ -121,7 +129,7 @@ class ResumeState:
 
     def updated(self, values: Mapping[str, Any]) -> ResumeState:
         """This state with ``values`` (common keys and the mode's) replaced."""
-        common = {f.name for f in dataclasses.fields(self)} - {"fields"}
+        common = {f.name for f in dataclasses.fields(self)} - {"fields", "settings"}
         own = {key: value for key, value in values.items() if key not in common}
         return dataclasses.replace(
             self, **{key: value for key, value in values.items() if key in common}, fields={**self.fields, **own}
@@ -142,6 +150,9 @@ class ResumeState:
             state["num_shards"] = self.num_shards
         for key in mode.state_keys:
             state[key] = self.get(key)
+        for key in (*STATE_SETTINGS, *mode.setting_keys):
+            if key in self.settings:
+                state[key] = self.settings[key]
         return state
 
     @classmethod
@@ -151,7 +162,8 @@ class ResumeState:
         if state.get("version", STATE_VERSION) != STATE_VERSION:
             raise ValueError(f"resume state version {state.get('version')!r} is not {STATE_VERSION}")
         mode_keys = {key for mode in SHUFFLE_MODES.values() for key in mode.state_keys} - set(STATE_KEYS)
-        unknown = set(state) - set(STATE_KEYS) - mode_keys
+        setting_keys = {key for mode in SHUFFLE_MODES.values() for key in mode.setting_keys} | set(STATE_SETTINGS)
+        unknown = set(state) - set(STATE_KEYS) - mode_keys - setting_keys
         if unknown:
             raise ValueError(f"resume state has unknown keys {sorted(unknown)}")
         try:
@@ -159,10 +171,11 @@ class ResumeState:
             required = {key: state[key] for key in ("epoch", "consumed", "num_records")}
         except KeyError as error:
             raise ValueError(f"resume state lacks {error.args[0]!r}") from None
-        shuffle_mode(mode, "resume state mode")
+        own = shuffle_mode(mode, "resume state mode")
         values = {key: as_int(value, f"resume state {key}") for key, value in required.items()}
         if min(values.values()) < 0:
-            raise ValueError(f"resume state fields must not be negative: {dict(state)}")
+            raise ResumeStateError(f"resume state fields must not be negative: {dict(state)}")
+        settings = parse_settings(state, (*STATE_SETTINGS, *own.setting_keys))
         optional = {
             key: None if state.get(key) is None else as_int(state[key], f"resume state {key}")
             for key in ("seed", "shard_rank", "num_shards", *sorted(mode_keys))
@@ -177,26 +190,41 @@ class ResumeState:
             shard_rank=optional.pop("shard_rank"),
             num_shards=optional.pop("num_shards"),
             fields=optional,
+            settings=settings,
         )
 
 
 MIXTURE_MODE = "mixture"
 MIXTURE_STATE_VERSION = 1
+# The order-deciding settings a mixture's state records beyond its components (states of
+# earlier releases lack them).
+MIXTURE_SETTINGS = ("shuffle", "reshuffle_each_epoch", "rotate", "parts_window")
+# (last pass, window) runs of one component: the windows its passes are read with.
+WindowRuns = tuple[tuple[int, int], ...]
 
 
 @dataclass(frozen=True)
 class MixtureState:
     """A mixture's resume state: where the epoch stands (``epoch``, ``consumed`` by all ranks)
-    and what it mixed, so that resuming another mixture is refused, naming what changed."""
+    and what it mixed, so that resuming another mixture is refused, naming what changed.
+
+    ``settings`` holds the order-deciding settings it was saved with (``MIXTURE_SETTINGS``),
+    ``builds`` each component's build id and ``windows`` the window each component's
+    ``"parts"`` passes were read with from the state on to the end of its epoch (``(last pass,
+    window)`` runs: values fitted to the node budget); a state of an earlier release lacks them.
+    """
 
     epoch: int
     consumed: int
     seed: Optional[int]
     order: str
     components: tuple[tuple[str, int, int], ...]  # (name, records, records per epoch)
+    settings: Mapping[str, Any] = field(default_factory=dict)
+    builds: Optional[tuple[Optional[str], ...]] = None
+    windows: Optional[tuple[WindowRuns, ...]] = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        state = {
             "version": MIXTURE_STATE_VERSION,
             "mode": MIXTURE_MODE,
             "epoch": self.epoch,
@@ -206,6 +234,12 @@ class MixtureState:
             "num_records": sum(count for _, _, count in self.components),
             "components": [list(each) for each in self.components],
         }
+        state.update({key: self.settings[key] for key in MIXTURE_SETTINGS if key in self.settings})
+        if self.builds is not None:
+            state["builds"] = list(self.builds)
+        if self.windows is not None:
+            state["windows"] = [[list(run) for run in runs] for runs in self.windows]
+        return state
 
     @classmethod
     def from_dict(cls, state: Mapping[str, Any]) -> MixtureState:
@@ -216,7 +250,7 @@ class MixtureState:
         if state.get("version", MIXTURE_STATE_VERSION) != MIXTURE_STATE_VERSION:
             raise ValueError(f"mixture resume state version {state.get('version')!r} is not {MIXTURE_STATE_VERSION}")
         known = {"version", "mode", "epoch", "consumed", "seed", "order", "num_records", "components"}
-        unknown = sorted(set(state) - known)
+        unknown = sorted(set(state) - known - set(MIXTURE_SETTINGS) - {"builds", "windows"})
         if unknown:
             raise ValueError(f"mixture resume state has unknown keys {unknown}")
         try:
@@ -227,7 +261,9 @@ class MixtureState:
         except KeyError as error:
             raise ValueError(f"mixture resume state lacks {error.args[0]!r}") from None
         if epoch < 0 or consumed < 0:
-            raise ValueError(f"mixture resume state fields must not be negative: epoch {epoch}, consumed {consumed}")
+            raise ResumeStateError(
+                f"mixture resume state fields must not be negative: epoch {epoch}, consumed {consumed}"
+            )
         if not isinstance(order, str):
             raise ValueError(f"mixture resume state order must be a shuffle mode name, got {order!r}")
         try:
@@ -238,8 +274,54 @@ class MixtureState:
             raise ValueError(
                 "mixture resume state components must be [name, records, records per epoch] lists"
             ) from None
+        builds = state.get("builds")
+        if builds is not None and (
+            not isinstance(builds, (list, tuple))
+            or len(builds) != len(components)
+            or not all(build is None or isinstance(build, str) for build in builds)
+        ):
+            raise ResumeStateError(f"mixture resume state builds must be one build id per component, got {builds!r}")
         seed = state.get("seed")
-        return cls(epoch, consumed, None if seed is None else as_int(seed, "resume state seed"), order, components)
+        return cls(
+            epoch,
+            consumed,
+            None if seed is None else as_int(seed, "resume state seed"),
+            order,
+            components,
+            settings=parse_settings(state, MIXTURE_SETTINGS, "mixture resume state"),
+            builds=None if builds is None else tuple(builds),
+            windows=_window_runs(state.get("windows"), len(components)),
+        )
+
+
+def _window_runs(raw: Any, components: int) -> Optional[tuple[WindowRuns, ...]]:
+    """A mixture state's ``windows``, checked: per component, ``[last pass, window]`` runs with
+    increasing passes and windows of at least 1."""
+    if raw is None:
+        return None
+    wrong = ResumeStateError(
+        "mixture resume state windows must be one list of [last pass, window] runs per component "
+        f"(passes increasing, windows at least 1), got {raw!r}"
+    )
+    if not isinstance(raw, (list, tuple)) or len(raw) != components:
+        raise wrong
+    checked = []
+    for runs in raw:
+        if not isinstance(runs, (list, tuple)):
+            raise wrong
+        found: list[tuple[int, int]] = []
+        for run in runs:
+            if not isinstance(run, (list, tuple)) or len(run) != 2:
+                raise wrong
+            try:
+                last, window = as_int(run[0], "pass"), as_int(run[1], "window")
+            except TypeError:
+                raise wrong from None
+            if last < 0 or last > MAX_EPOCH or window < 1 or (found and last <= found[-1][0]):
+                raise wrong
+            found.append((last, window))
+        checked.append(tuple(found))
+    return tuple(checked)
 
 
 def is_mixture_state(state: Any) -> bool:
@@ -265,6 +347,11 @@ class ShuffleMode(abc.ABC):
 
     #: Keys beyond the common ones that this mode's resume states hold (``ResumeState`` fields).
     state_keys: ClassVar[tuple[str, ...]] = ()
+    #: The mode's order-deciding settings its states record beyond ``STATE_SETTINGS`` (their
+    #: types in ``yogacache.read.state.SETTING_TYPES``), compared on resume.
+    setting_keys: ClassVar[tuple[str, ...]] = ()
+    #: What to do about a setting of this mode that differs on resume (``check_state``'s hints).
+    state_hints: ClassVar[Mapping[str, str]] = {}
     #: The mode's own settings: a frozen dataclass whose fields are the keywords users pass
     #: (``ReadOptions(**keywords)``, ``DataRef.stream``, the decorators, the torch dataset),
     #: validated when it is made; ``options.mode_options`` is one. None: the mode has none.
@@ -295,6 +382,43 @@ class ShuffleMode(abc.ABC):
         (and ``consumed`` where it is not ``position``)."""
         return {}
 
+    # -- the state contract (``yogacache.read.state``) ------------------------------------------
+    def order_settings(self) -> dict[str, Any]:
+        """What decides this reader's order from a state on, as states record it, in the order
+        ``check_state`` compares them: the mode, the cache's build and records, the shuffle flags
+        and seed (those two only where it shuffles) and the mode's ``setting_keys``."""
+        options = self.options
+        settings: dict[str, Any] = {"mode": self.name}
+        build = self.layout.build if self.layout is not None else None
+        if build is not None:
+            settings["build"] = build
+        settings["num_records"] = self.num_records
+        settings["shuffle"] = options.shuffle
+        if options.shuffle:
+            settings["seed"] = options.shuffle_seed
+            settings["reshuffle_each_epoch"] = options.reshuffle_each_epoch
+        return settings
+
+    def state_settings(self) -> dict[str, Any]:
+        """The settings a state of this reader records (``ResumeState.settings``)."""
+        settings = self.order_settings()
+        keys = (*STATE_SETTINGS, *self.setting_keys)
+        return {key: settings[key] for key in keys if key in settings}
+
+    def reader_settings(self) -> dict[str, Any]:
+        """What else decides this rank's order, which a resume honours rather than compares: the
+        values fitted to the node's budget (``fit_budget``), how ranks share nodes."""
+        return {}
+
+    def state_limits(self, state: ResumeState) -> dict[str, tuple[int, int]]:
+        """The range of each number of ``state`` this reader resumes from (``check_state``)."""
+        return {"epoch": (0, MAX_EPOCH), "consumed": (0, self.num_records)}
+
+    def check_state(self, state: ResumeState) -> None:
+        """Refuses ``state`` unless it was saved in this reader's order with numbers in range:
+        the one check (``yogacache.read.state.check_state``) before ``resume_point``."""
+        check_state(state.to_dict(), self.order_settings(), self.state_limits(state), hints=self.state_hints)
+
     def parts_needed(self, epoch: int, position: int = 0) -> list[PartUse]:
         """The parts this rank reads of ``epoch`` from ``position`` on, in order of first use,
         each with the plan positions (records from ``position``) of its first and last read.
@@ -318,8 +442,7 @@ class ShuffleMode(abc.ABC):
         """The check of a mode whose ranks must all compute ``order``: a shuffle needs a seed."""
         if options.shuffle and options.shuffle_seed is None:
             raise ValueError(
-                f"shuffle_mode={cls.name!r} with shuffle=True needs shuffle_seed: every rank must "
-                f"compute {order}"
+                f"shuffle_mode={cls.name!r} with shuffle=True needs shuffle_seed: every rank must compute {order}"
             )
         if options.reshuffle_each_epoch and not options.shuffle:
             raise ValueError("reshuffling at epoch end needs shuffle=True")
@@ -358,8 +481,7 @@ class ShuffleMode(abc.ABC):
         return epoch + 1 + records // full, (records % full) * self.position_step
 
     def resume_point(self, state: ResumeState) -> Point:
-        """The point a resume state of this mode names (its mode, dataset size and seed are
-        already checked against this reader's)."""
+        """The point a resume state of this mode names (``check_state`` passed)."""
         return self.advance((state.epoch, 0), state.consumed)
 
 
@@ -368,6 +490,14 @@ class ShardMode(ShuffleMode):
 
     name = "shard"
     resumes_per_shard = True
+    setting_keys: ClassVar[tuple[str, ...]] = ("drop_shard_remainder",)
+    state_hints: ClassVar[Mapping[str, str]] = {
+        key: (
+            "a shard-mode resume state is valid only for its own shard (the same shard_rank, num_shards "
+            "and drop_shard_remainder): use shuffle_mode='global' to resume with another number of ranks"
+        )
+        for key in ("shard_rank", "num_shards", "drop_shard_remainder")
+    }
 
     def __init__(self, num_records: int, options: OrderOptions) -> None:
         super().__init__(num_records, options)
@@ -392,15 +522,18 @@ class ShardMode(ShuffleMode):
     def start(self, start_offset: int) -> Point:
         return self.order.start(start_offset)  # exactly YogaDL's
 
-    def resume_point(self, state: ResumeState) -> Point:
+    def order_settings(self) -> dict[str, Any]:
         options = self.options
-        if (state.shard_rank, state.num_shards) != (options.shard_rank, options.num_shards):
-            raise ValueError(
-                f"a shard-mode resume state is valid only for its own shard (rank {state.shard_rank} "
-                f"of {state.num_shards}), not rank {options.shard_rank} of {options.num_shards}: use "
-                "shuffle_mode='global' to resume with another number of ranks"
-            )
-        return super().resume_point(state)
+        return {
+            **super().order_settings(),
+            "shard_rank": options.shard_rank,
+            "num_shards": options.num_shards,
+            "drop_shard_remainder": options.drop_shard_remainder,
+        }
+
+    def state_limits(self, state: ResumeState) -> dict[str, tuple[int, int]]:
+        # A position counts records of this shard: past it is no point of the epoch.
+        return {**super().state_limits(state), "consumed": (0, len(self.order))}
 
 
 class GlobalMode(ShuffleMode):
@@ -437,10 +570,6 @@ class GlobalMode(ShuffleMode):
         return GlobalPlan(epoch, first, options.num_shards, length, permutation)
 
     def resume_point(self, state: ResumeState) -> Point:
-        if state.consumed > self.num_records:
-            raise ValueError(
-                f"the resume state consumed {state.consumed} records of an epoch of {self.num_records}"
-            )
         # The same for every rank: an epoch that no rank has anything left of is over.
         shards = self.options.num_shards
         left = self.num_records - state.consumed
