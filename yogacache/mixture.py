@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Optional, Sequence, Union
 
 from yogacache.errors import ConfigError
-from yogacache.read.mixture import STOPPING_RULES, Share, check_weights, mixture_counts
+from yogacache.read.mixture import STOPPING_RULES, Share, check_shares, check_weights, mixture_counts
 from yogacache.read.mixture_reader import MixtureReader
 from yogacache.read.options import ReadOptions, stream_signature
 from yogacache.read.pipeline import Stream, read_stream
@@ -132,7 +132,8 @@ class Mixture:
                     f"pass weights= or a share on each Component, not both (component {given[0]} has its own)"
                 )
             listed = [Component(each.source, weight=w) for each, w in zip(listed, check_weights(weights, len(listed)))]
-        shares = [each.share for each in listed]  # checked before any cache is opened
+        shares = [each.share for each in listed]
+        check_shares(shares, epoch_size, stopping)  # before any cache is opened (a builder builds)
         readers = [each.open() for each in listed]
         counts = mixture_counts([len(reader) for reader in readers], shares, epoch_size, stopping)
         self.components = tuple(listed)

@@ -4,16 +4,22 @@ A mixture of ``K`` components (caches of ``n_i`` records, equal element specs) r
 epoch, exactly ``c_i`` records of component ``i`` (``mixture_counts``):
 
 - relative ``weight``s share an epoch of ``epoch_size`` records (default: the components'
-  records together, ``Σ n_i``) by largest remainders, so each count is within one record of
-  ``weight_i / Σ weight · epoch_size`` (no weights at all: each component weighs its records,
-  the natural proportions, so the default epoch reads every record once); or the stopping rules, as Hugging Face's
-  ``interleave_datasets`` names them, set the epoch size from the weights: ``"first_exhausted"``
-  ``floor(min n_i / p_i)`` records (``p_i`` the normalized weights), which takes no component
-  past one pass and the limiting one exactly through, ``"all_exhausted"`` ``ceil(max n_i /
-  p_i)``, which takes every component through at least once (each adjusted by a record where
-  rounding needs it);
+  records together, ``Σ n_i``) by largest remainders of the quotas ``q_i = w_i / Σ w · E``,
+  in exact arithmetic (``apportion``; a float weight is the decimal it prints as, ``exact``):
+  each count is ``floor(q_i)`` or ``ceil(q_i)``, the records left after the floors go to the
+  largest remainders, a tie to the earlier component (no weights at all: each component weighs
+  its records, the natural proportions, so the default epoch reads every record once); or the
+  stopping rules, as Hugging Face's ``interleave_datasets`` names them, set the epoch size from
+  the weights (``p_i = w_i / Σ w``, components of weight 0 left out): ``"first_exhausted"``
+  ``E = floor(min n_i / p_i)``, the largest epoch whose quotas are all at most the components'
+  sizes (no count past one pass, the limiting one's ``n_i - 1`` or ``n_i``), ``"all_exhausted"``
+  ``E = ceil(max n_i / p_i)``, the smallest whose quotas are all at least the sizes (every
+  component through at least once);
 - absolute counts: ``repeat`` passes over the component per epoch (``round(repeat · n_i)``
-  records) or ``samples`` records per epoch.
+  records, half up) or ``samples`` records per epoch.
+
+An epoch holds at most ``MAX_EPOCH_SIZE`` records (2**32): weights that would need a longer one
+(``"all_exhausted"`` with a weight of 1e-18) are refused naming the component and its weight.
 
 Component ``i`` draws its records in passes: pass ``q`` is epoch ``q`` of the component's own
 order (``shuffle_mode`` with one shard: ``"global"``'s permutation, ``"parts"``'s window order,
@@ -26,9 +32,11 @@ same, the records rotate). A mixture read for evaluation (``rotate=False``,
 The interleaving (``MixedOrder``) is stratified: draw ``k`` of component ``i`` gets the key
 ``(k + u) / c_i``, with ``u`` in ``[0, 1)`` a keyed hash of ``(seed, epoch, i, k)`` (``0.5``
 unshuffled), and the epoch reads the draws in key order. Every window of ``L`` records then holds
-``c_i / E · L`` records of component ``i`` give or take two per other component (two in
-practice: 70/20/10 deviates by at most two in every window), so every batch mixes every
-component (never one stream after another), and the order is a function of the seed and the
+``c_i / E · L`` records of component ``i`` within ``2 + 2·(K - 2)·c_i / E`` (``K >= 2`` the
+components the epoch reads; at most ``2·(K - 1)``; half that unshuffled): each component's draws
+in a window of keys number its share of the keys' span within two, and the window's length
+within two per component. So every batch mixes every component (never one stream after
+another), and the order is a function of the seed and the
 epoch alone: the same on every node for any world size. Ranks share the mixed order as global
 mode shares a permutation (``MixtureMode``): rank ``r`` of ``S`` reads positions ``c+r, c+r+S,
 …`` after ``c`` consumed, so a resume state ``(epoch, c)`` is valid at any world size.
@@ -43,7 +51,8 @@ import hashlib
 import math
 import threading
 from dataclasses import dataclass
-from typing import Any, Mapping, Optional, Sequence
+from fractions import Fraction
+from typing import Any, Mapping, Optional, Sequence, Union
 
 import numpy as np
 
@@ -65,6 +74,7 @@ from yogacache.read.shuffle import (
 from yogacache.read.state import MAX_EPOCH, ResumeStateError, check_state
 
 __all__ = [
+    "MAX_EPOCH_SIZE",
     "MIXTURE_MODE",
     "STOPPING_RULES",
     "MixedOrder",
@@ -73,12 +83,17 @@ __all__ = [
     "MixtureState",
     "Share",
     "apportion",
+    "check_shares",
     "check_weights",
+    "exact",
     "is_mixture_state",
     "mixture_counts",
 ]
 
 STOPPING_RULES = ("first_exhausted", "all_exhausted")
+# The most records an epoch may hold: its interleaving is sorted in memory, about 20 bytes per
+# record (docs/mixtures.md's Limits), so an epoch set by extreme weights is refused, not begun.
+MAX_EPOCH_SIZE = 2**32
 
 
 # -- how many records of each component an epoch reads -----------------------------------------
@@ -113,51 +128,58 @@ class Share:
         return self.repeat is not None or self.samples is not None
 
 
-def _finite(value: Any, name: str) -> float:
+def _finite(value: Any, name: str) -> Union[int, float]:
+    """A weight or repeat, checked: a finite number >= 0 (an integer kept exact, as an ``int``)."""
     if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
         raise TypeError(f"{name} must be a number, got {type(value).__name__}")
-    number = float(value)
-    if not math.isfinite(number) or number < 0:
+    number: Union[int, float] = int(value) if isinstance(value, (int, np.integer)) else float(value)
+    if (isinstance(number, float) and not math.isfinite(number)) or number < 0:
         raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
     return number
 
 
-def apportion(total: int, weights: Sequence[float]) -> np.ndarray:
-    """``total`` split in proportion to ``weights`` by largest remainders (ties to the earlier
-    component): each share is ``floor`` or ``ceil`` of its quota, and they add up to ``total``."""
-    w = np.asarray(weights, dtype=np.float64)
-    # Rounded, so that proportional weights tie where their quotas do (float noise decided
-    # which of two components with remainder 0.5 got the record) and floor never drops a whole.
-    quotas = np.round(w / w.sum() * total, 9)
-    counts = np.floor(quotas).astype(np.int64)
-    short = int(total - counts.sum())
-    if short > 0:
-        remainders = quotas - counts
-        order = np.lexsort((np.arange(len(w)), -remainders))  # largest remainder, then index
-        counts[order[:short]] += 1
-    return counts
+def exact(value: Union[int, float]) -> Fraction:
+    """A weight or repeat as the exact number it stands for: an integer as it is, a float as the
+    shortest decimal that prints it (``0.1`` is 1/10, as it was typed or as YAML read it; the
+    float itself, 0.1000000000000000055…, would break the tie of ``weights=[0.3, 0.1]``'s
+    quotas 1.5 and 0.5 the other way)."""
+    return Fraction(repr(float(value))) if isinstance(value, float) else Fraction(value)
 
 
-def mixture_counts(
-    sizes: Sequence[int],
-    shares: Sequence[Share],
-    epoch_size: Optional[int] = None,
-    stopping: Optional[str] = None,
-) -> tuple[int, ...]:
-    """Records of each component in every epoch (see the module), checked: one line naming
-    what is wrong otherwise."""
-    sizes = [as_int(size, "component size") for size in sizes]
-    if len(shares) != len(sizes):
-        raise ValueError(f"a mixture of {len(sizes)} components got {len(shares)} shares")
-    if not sizes:
-        raise ValueError("a mixture needs at least one component")
-    empty = [i for i, size in enumerate(sizes) if size == 0]
-    if empty:
-        raise ValueError(f"mixture component {empty[0]} has no records: leave it out")
+def _about(number: Union[int, Fraction]) -> str:
+    """``number`` for a message: in full up to 15 digits, else its power of ten."""
+    whole = math.ceil(number)
+    return f"{whole:,}" if whole < 10**15 else f"about 1e{len(str(whole)) - 1}"
+
+
+def _scaled(weights: Sequence[Union[int, float, Fraction]]) -> list[int]:
+    """Integers in the exact proportions of ``weights`` (their common denominator times each)."""
+    fractions = [value if isinstance(value, Fraction) else exact(value) for value in weights]
+    denominator = math.lcm(*(value.denominator for value in fractions))
+    return [int(value * denominator) for value in fractions]
+
+
+def apportion(total: int, weights: Sequence[Union[int, float, Fraction]]) -> np.ndarray:
+    """``total`` split in proportion to ``weights`` by largest remainders, in exact arithmetic
+    (``exact``): each share is the floor or the ceiling of its quota ``w / Σw × total``, they
+    add up to ``total``, the records left after the floors go to the largest remainders, and a
+    tie goes to the earlier component."""
+    scaled = _scaled(weights)
+    whole = sum(scaled)
+    floors, remainders = zip(*(divmod(weight * total, whole) for weight in scaled))
+    counts = list(floors)
+    by_remainder = sorted(range(len(scaled)), key=lambda i: (-remainders[i], i))
+    for i in by_remainder[: total - sum(counts)]:
+        counts[i] += 1
+    return np.array(counts, dtype=np.int64)
+
+
+def check_shares(shares: Sequence[Share], epoch_size: Any = None, stopping: Optional[str] = None) -> Optional[int]:
+    """What can be checked of a mixture's shares, epoch size and stopping rule before its caches
+    are opened (a builder may build one): one line naming what is wrong. Returns the epoch size."""
     if stopping is not None and stopping not in STOPPING_RULES:
         raise ValueError(f"stopping must be one of {STOPPING_RULES} or None, got {stopping!r}")
-    absolute = [share.absolute for share in shares]
-    if any(absolute):
+    if any(share.absolute for share in shares):
         weighted = [i for i, share in enumerate(shares) if share.weight is not None]
         if weighted:
             raise ValueError(
@@ -169,53 +191,93 @@ def mixture_counts(
             raise ValueError(
                 f"{what} applies to weights; repeat and samples set each component's records per epoch themselves"
             )
-        counts = []
-        for size, share in zip(sizes, shares):
-            if share.samples is not None:
-                counts.append(share.samples)
-            else:
-                repeat = 1.0 if share.repeat is None else share.repeat
-                counts.append(int(math.floor(repeat * size + 0.5)))
-        if sum(counts) == 0:
-            raise ValueError("every mixture component takes 0 records per epoch: raise a repeat or samples")
-        return tuple(counts)
+        return None
     unweighted = [i for i, share in enumerate(shares) if share.weight is None]
     if unweighted and len(unweighted) < len(shares):
         raise ValueError(
             f"mixture component {unweighted[0]} has no weight and others have: give every component a "
             "weight, or none (each then weighs its records: the natural proportions)"
         )
-    # No weights at all: each component weighs its records (every record once per epoch of the
-    # default size, as concatenating them would).
-    weights = np.array([float(size) if share.weight is None else share.weight for share, size in zip(shares, sizes)])
-    if weights.sum() <= 0:
+    if shares and not unweighted and not any(share.weight for share in shares):
         raise ValueError("mixture weights are all zero: at least one must be positive")
-    p = weights / weights.sum()
     if stopping is not None and epoch_size is not None:
         raise ValueError(f"pass epoch_size or stopping={stopping!r}, not both: the stopping rule sets the epoch size")
-    if stopping == "first_exhausted":
-        positive = p > 0
-        total = int(math.floor(min(np.asarray(sizes)[positive] / p[positive]) * (1 + 1e-12)))
-        shared = apportion(total, p)
-        while np.any(shared > np.asarray(sizes)):  # float rounding: one record too many
-            total -= 1
-            shared = apportion(total, p)
-    elif stopping == "all_exhausted":
-        positive = p > 0
-        total = int(math.ceil(max(np.asarray(sizes)[positive] / p[positive]) * (1 - 1e-12)))
-        shared = apportion(total, p)
-        while np.any((shared < np.asarray(sizes)) & positive):
-            total += 1
-            shared = apportion(total, p)
-    else:
-        total = sum(sizes) if epoch_size is None else as_int(epoch_size, "epoch_size")
-        if total < 1:
-            raise ValueError(f"epoch_size must be at least 1, got {total}")
-        shared = apportion(total, p)
-    return tuple(int(count) for count in shared)
+    if epoch_size is None:
+        return None
+    total = as_int(epoch_size, "epoch_size")
+    if total < 1:
+        raise ValueError(f"epoch_size must be at least 1, got {total}")
+    if total > MAX_EPOCH_SIZE:
+        raise ValueError(
+            f"epoch_size {total:,} is more than the {MAX_EPOCH_SIZE:,} records (2**32) a mixture's epoch may "
+            "hold (its interleaving is computed in memory, docs/mixtures.md's Limits)"
+        )
+    return total
 
 
-def check_weights(weights: Any, components: int) -> list[float]:
+def mixture_counts(
+    sizes: Sequence[int],
+    shares: Sequence[Share],
+    epoch_size: Optional[int] = None,
+    stopping: Optional[str] = None,
+) -> tuple[int, ...]:
+    """Records of each component in every epoch (see the module), in exact arithmetic, checked:
+    one line naming what is wrong otherwise."""
+    sizes = [as_int(size, "component size") for size in sizes]
+    if len(shares) != len(sizes):
+        raise ValueError(f"a mixture of {len(sizes)} components got {len(shares)} shares")
+    if not sizes:
+        raise ValueError("a mixture needs at least one component")
+    empty = [i for i, size in enumerate(sizes) if size == 0]
+    if empty:
+        raise ValueError(f"mixture component {empty[0]} has no records: leave it out")
+    total = check_shares(shares, epoch_size, stopping)
+    if any(share.absolute for share in shares):
+        counts = []
+        for size, share in zip(sizes, shares):
+            if share.samples is not None:
+                counts.append(share.samples)
+            else:  # round(repeat · n), half up
+                counts.append(math.floor(exact(1 if share.repeat is None else share.repeat) * size + Fraction(1, 2)))
+        if sum(counts) == 0:
+            raise ValueError("every mixture component takes 0 records per epoch: raise a repeat or samples")
+        if sum(counts) > MAX_EPOCH_SIZE:
+            raise ValueError(
+                f"the mixture's repeat and samples make an epoch of {_about(sum(counts))} records, more than the "
+                f"{MAX_EPOCH_SIZE:,} (2**32) an epoch may hold (docs/mixtures.md's Limits): lower them"
+            )
+        return tuple(counts)
+    # No weights at all: each component weighs its records (every record once per epoch of the
+    # default size, as concatenating them would).
+    given = [share.weight for share in shares]
+    weights = _scaled([size if weight is None else weight for weight, size in zip(given, sizes)])
+    whole = sum(weights)
+    if stopping is not None:
+        # The epoch whose exact quotas n_i·Σw/w_i (of the components with a weight) take the
+        # limiting component exactly through: the largest that takes none past one pass, or the
+        # smallest that takes every one through at least once.
+        limits = {i: Fraction(size * whole, weight) for i, (size, weight) in enumerate(zip(sizes, weights)) if weight}
+        first = stopping == "first_exhausted"
+        limiting = (min if first else max)(limits, key=lambda i: (limits[i], i))
+        total = math.floor(limits[limiting]) if first else math.ceil(limits[limiting])
+        if total > MAX_EPOCH_SIZE:
+            raise ValueError(
+                f"stopping={stopping!r} makes an epoch of {_about(total)} records: component {limiting} "
+                f"({sizes[limiting]} records) at weight {given[limiting]!r} is read once through only in an "
+                f"epoch that long, more than the {MAX_EPOCH_SIZE:,} records (2**32) an epoch may hold "
+                f"(docs/mixtures.md's Limits): raise its weight, or pass an epoch_size"
+            )
+    elif total is None:
+        total = sum(sizes)
+        if total > MAX_EPOCH_SIZE:
+            raise ValueError(
+                f"the components hold {total:,} records together, more than the {MAX_EPOCH_SIZE:,} (2**32) a "
+                "mixture's epoch may hold (docs/mixtures.md's Limits): pass a smaller epoch_size"
+            )
+    return tuple(int(count) for count in apportion(total, weights))
+
+
+def check_weights(weights: Any, components: int) -> list[Union[int, float]]:
     """A ``weights=`` list, checked against the number of components."""
     if isinstance(weights, (str, bytes, Mapping)) or not hasattr(weights, "__len__"):
         raise TypeError(f"weights must be a list of numbers, got {type(weights).__name__}")
