@@ -71,7 +71,7 @@ from yogacache.read.shuffle import (
     is_mixture_state,
     shuffle_mode,
 )
-from yogacache.read.state import MAX_EPOCH, ResumeStateError, check_state
+from yogacache.read.state import MAX_EPOCH, check_components, check_state
 
 __all__ = [
     "MAX_EPOCH_SIZE",
@@ -674,36 +674,7 @@ class MixtureSchedule(ReadSchedule):
         honoured: each component reads the passes the state's epoch reads with the state's."""
         state = MixtureState.from_dict(resume_state)
         ours = tuple(zip(self.names, self.mixed.sizes.tolist(), self.counts))
-        if len(state.components) != len(ours):
-            raise ResumeStateError(
-                f"the resume state is of a mixture of {len(state.components)} components, this one has {len(ours)}"
-            )
-        pairs = list(enumerate(zip(state.components, ours)))
-        builds = state.builds or (None,) * len(ours)
-        # The caches first: a changed one changes the epoch's counts of the others too.
-        for i, ((name, records, _), (now, size, _)) in pairs:
-            if name != now:
-                raise ResumeStateError(
-                    f"mixture component {i} changed since the checkpoint: it was {name}, it is {now}; "
-                    "resume with the components the state was taken with"
-                )
-            if records != size:
-                raise ResumeStateError(
-                    f"mixture component {i} ({now}) changed since the checkpoint: it had {records} records, "
-                    f"it has {size}"
-                )
-            build = self.layouts[i].build
-            if builds[i] is not None and build is not None and builds[i] != build:
-                raise ResumeStateError(
-                    f"mixture component {i} ({now}) was rebuilt since the checkpoint: it was build {builds[i]}, "
-                    f"it is build {build}; its records may differ: resume on the build the state was taken of"
-                )
-        for i, ((_, _, count), (now, _, share)) in pairs:
-            if count != share:
-                raise ResumeStateError(
-                    f"mixture component {i} ({now}) took {count} records per epoch when the state was taken, "
-                    f"it takes {share} now: resume with the same weights and epoch size"
-                )
+        check_components(state.components, state.builds, ours, [layout.build for layout in self.layouts])
         check_state(
             state.to_dict(),
             self._settings(),

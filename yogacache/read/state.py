@@ -11,7 +11,8 @@ the values fitted from a node budget (``"parts"``'s ``window``).
 
 ``check_state`` is the one check: it compares each setting the reader names with the state's,
 and each number of the state with the range the reader allows (``epoch``, ``consumed``,
-``dealt``, …), refusing with a ``ResumeStateError`` that names the setting and both values. A
+``dealt``, …), refusing with a ``ResumeStateError`` that names the setting and both values
+(``check_components`` first names a mixture's component that differs). A
 mode supplies what it compares (``ShuffleMode.order_settings``) and the ranges
 (``ShuffleMode.state_limits``); the settings it can honour exactly it leaves out of the
 comparison and honours itself, saying so once (``say_once``): a ``"parts"`` window fitted to
@@ -28,7 +29,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from typing import Any, Iterable, Mapping, Optional
+from typing import Any, Iterable, Mapping, Optional, Sequence
 
 from yogacache.errors import ResumeStateError
 
@@ -36,6 +37,7 @@ __all__ = [
     "MAX_EPOCH",
     "ResumeStateError",
     "SETTING_TYPES",
+    "check_components",
     "check_state",
     "describe_setting",
     "fingerprint",
@@ -134,6 +136,44 @@ def check_state(
             raise ResumeStateError(
                 f"the resume state's {name}={value} is out of range: {reader} takes {low} to {high}; "
                 "the state is damaged or of another order"
+            )
+
+
+def check_components(
+    saved: Sequence[tuple[str, int, int]],
+    saved_builds: Optional[Sequence[Optional[str]]],
+    current: Sequence[tuple[str, int, int]],
+    builds: Sequence[Optional[str]],
+) -> None:
+    """Refuses a mixture's state unless it names this mixture's components: the same caches
+    (``<dataset_id>:<dataset_version>``, records, build where both name one), then the same
+    records per epoch of each (what its weights, epoch size or stopping rule made)."""
+    if len(saved) != len(current):
+        raise ResumeStateError(
+            f"the resume state is of a mixture of {len(saved)} components, this one has {len(current)}"
+        )
+    recorded = list(saved_builds) if saved_builds is not None else [None] * len(saved)
+    # The caches first: a changed one changes the epoch's counts of the others too.
+    for i, ((name, records, _), (now, size, _), was, build) in enumerate(zip(saved, current, recorded, builds)):
+        if name != now:
+            raise ResumeStateError(
+                f"mixture component {i} changed since the checkpoint: it was {name}, it is {now}; "
+                "resume with the components the state was taken with"
+            )
+        if records != size:
+            raise ResumeStateError(
+                f"mixture component {i} ({now}) changed since the checkpoint: it had {records} records, it has {size}"
+            )
+        if was is not None and build is not None and was != build:
+            raise ResumeStateError(
+                f"mixture component {i} ({now}) was rebuilt since the checkpoint: it was build {was}, it is "
+                f"build {build}; its records may differ: resume on the build the state was taken of"
+            )
+    for i, ((_, _, count), (now, _, share)) in enumerate(zip(saved, current)):
+        if count != share:
+            raise ResumeStateError(
+                f"mixture component {i} ({now}) took {count} records per epoch when the state was taken, "
+                f"it takes {share} now: resume with the same weights and epoch size"
             )
 
 
