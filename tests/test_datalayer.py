@@ -446,3 +446,82 @@ def test_import_yogacache_does_not_import_tensorflow() -> None:
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     assert yogacache.DataLayer is DataLayer
+
+
+# -- returns= on every decorator (issue 33 item 7) ------------------------------------------------
+
+
+def record_ids(result: Any) -> list[int]:
+    """The ``i`` of every record an adapter's result yields, in order (one epoch)."""
+    if isinstance(result, tf.data.Dataset):
+        return read_epoch(result)
+    return [int(element["i"]) for element in result]
+
+
+def adapter_type(returns: str) -> type:
+    if returns == "tf":
+        return tf.data.Dataset
+    if returns == "torch":
+        from yogacache.torch import CacheIterableDataset
+
+        return CacheIterableDataset
+    if returns == "grain":
+        import grain
+
+        return grain.MapDataset
+    from yogacache.read.pipeline import Stream
+
+    return Stream
+
+
+@pytest.mark.parametrize("returns", ["tf", "torch", "stream", "grain"])
+def test_every_decorator_returns_what_returns_names_in_its_order(root: Path, returns: str) -> None:
+    """docs/grain.md, docs/ray.md and docs/determined.md name ``returns=`` for the decorators:
+    ``cache_dataset`` took none (``returns="grain"`` raised TypeError). Each decorator returns
+    the adapter's dataset of this rank's records, in the order of the design's definition (the
+    mixture methods: in the mixture stream's order)."""
+    rank, make = 1, DatasetFunction()
+    layer = DataLayer(shared_fs(root), rank=rank, num_shards=S, seed=5, show_progress=False)
+    ref = layer.cache_dataset("digits", "v1")(make)()
+    assert isinstance(ref, yogacache.CacheDataRef)  # without returns=: the cache itself
+    read = {
+        "cache_dataset": layer.cache_dataset("digits", "v1", returns=returns)(make)(),
+        "cache_dataset shuffled": layer.cache_dataset("digits", "v1", returns=returns, shuffle=True)(make)(),
+        "cache_train_dataset": layer.cache_train_dataset("digits", "v1", shuffle=True, returns=returns)(make)(),
+        "cache_validation_dataset": layer.cache_validation_dataset("digits", "v1", returns=returns)(make)(),
+    }
+    assert make.calls == 3  # v1, v1_train, v1_val: each built once
+    expected = {
+        "cache_dataset": expected_order(rank, S, N, False, None, 0),
+        "cache_dataset shuffled": expected_order(rank, S, N, False, 5, 0),
+        "cache_train_dataset": expected_order(rank, S, N, True, 5, 0),
+        "cache_validation_dataset": expected_order(rank, S, N, False, None, 0),
+    }
+    mixture = layer.mixture([ref, layer.cache_dataset("digits", "v2")(DatasetFunction(9))()], weights=[2, 1])
+    read["train_mixture"] = layer.train_mixture(mixture, shuffle=True, returns=returns)
+    read["validation_mixture"] = layer.validation_mixture(mixture, returns=returns)
+    streams = {
+        "train_mixture": mixture.stream(shuffle=True, shuffle_seed=5, shard_rank=rank, num_shards=S,
+                                        drop_shard_remainder=True),
+        "validation_mixture": mixture.for_evaluation().stream(shard_rank=rank, num_shards=S),
+    }  # fmt: skip
+    expected.update({name: record_ids(stream) for name, stream in streams.items()})
+    for name, result in read.items():
+        assert isinstance(result, adapter_type(returns)), name
+        assert record_ids(result) == expected[name], name
+
+
+def test_cache_dataset_read_arguments_need_returns(root: Path) -> None:
+    layer = DataLayer(shared_fs(root), rank=0, num_shards=2, seed=5, show_progress=False)
+    with pytest.raises(TypeError, match=r"cache_dataset got read arguments \['shuffle'\] without returns="):
+        layer.cache_dataset("digits", "v1", shuffle=True)
+    with pytest.raises(TypeError, match=r"unexpected keyword arguments \['shard_rank'\] \(shard_rank: the layer's"):
+        layer.cache_dataset("digits", "v1", returns="stream", shard_rank=1)
+    with pytest.raises(ValueError, match="returns must be one of"):
+        layer.cache_dataset("digits", "v1", returns="jax")
+    # start_offset and a mode's settings reach the read.
+    make = DatasetFunction()
+    stream = layer.cache_dataset("digits", "v1", returns="stream", shuffle=True, shuffle_mode="global",
+                                 start_offset=3)(make)()  # fmt: skip
+    whole = layer.cache_dataset("digits", "v1", returns="stream", shuffle=True, shuffle_mode="global")(make)()
+    assert record_ids(stream) == record_ids(whole)[3:]

@@ -9,8 +9,10 @@ the parts of its range; two ``TorchTrainer`` workers reading one epoch see each 
 
 from __future__ import annotations
 
+import ast
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -185,6 +187,41 @@ def test_a_read_task_fetches_only_the_parts_of_its_range(
     reader.close()
 
 
+def test_every_data_layer_decorator_returns_a_ray_dataset_in_its_order(ray_cluster: Any, tmp_path: Path) -> None:
+    """``returns="ray"`` on each decorator docs/ray.md names (``cache_dataset`` took no
+    ``returns=`` at all): this rank's records, in the order its stream reads them."""
+    import ray.data
+
+    import yogacache
+
+    layer = yogacache.DataLayer(
+        {"type": "shared_fs", "host_storage_path": str(tmp_path)}, rank=1, num_shards=2, seed=SEED, show_progress=False
+    )
+    ref = layer.cache_dataset("few", "v1")(lambda: data(30))()
+    other = layer.cache_dataset("more", "v1")(lambda: data(12, fill=100))()
+    mixture = layer.mixture([ref, other], weights=[3, 1])
+    read = {
+        "cache_dataset": layer.cache_dataset("few", "v1", returns="ray", shuffle=True)(lambda: data(30))(),
+        "cache_train_dataset": layer.cache_train_dataset("few", "v1", shuffle=True, returns="ray")(lambda: data(30))(),
+        "cache_validation_dataset": layer.cache_validation_dataset("few", "v1", returns="ray")(lambda: data(30))(),
+        "train_mixture": layer.train_mixture(mixture, shuffle=True, returns="ray"),
+        "validation_mixture": layer.validation_mixture(mixture, returns="ray"),
+    }
+    streams = {
+        "cache_dataset": ref.stream(shuffle=True, shuffle_seed=SEED, shard_rank=1, num_shards=2),
+        "train_mixture": mixture.stream(shuffle=True, shuffle_seed=SEED, shard_rank=1, num_shards=2,
+                                        drop_shard_remainder=True),
+        "validation_mixture": mixture.for_evaluation().stream(shard_rank=1, num_shards=2),
+    }  # fmt: skip
+    expected = {name: [int(element[1]) for element in stream] for name, stream in streams.items()}
+    shard = np.arange(1, 30, 2)
+    expected["cache_train_dataset"] = shard[np.random.RandomState(SEED).permutation(len(shard))].tolist()
+    expected["cache_validation_dataset"] = shard.tolist()
+    for name, dataset in read.items():
+        assert isinstance(dataset, ray.data.Dataset), name
+        assert labels(dataset) == expected[name], name
+
+
 def test_from_options_reads_a_dataref_as_the_options_say(ray_cluster: Any, tmp_path: Path) -> None:
     import yogacache.ray as yr
     from yogacache.store.local import CacheStore
@@ -213,6 +250,17 @@ def test_bad_input_says_what_is_wrong(ray_cluster: Any, tmp_path: Path) -> None:
         yr.read_cache("ds", "v1", tmp_path, shufle=True)
 
 
+def documented_worker_resources() -> dict[str, float]:
+    """The ``resources_per_worker`` of docs/ray.md's Ray Train example: less than a CPU."""
+    text = (REPO / "docs" / "ray.md").read_text()
+    example = text[text.index("## Exactly once across Ray Train workers") :]
+    found = re.search(r"ScalingConfig\(num_workers=\d+, resources_per_worker=(\{[^}]*\})\)", example)
+    assert found, "docs/ray.md's Ray Train example gives its workers no resources_per_worker"
+    resources = ast.literal_eval(found.group(1))
+    assert 0 < resources["CPU"] < 1, resources
+    return resources
+
+
 def _train_loop(config: dict[str, Any]) -> None:
     """A Ray Train worker: one epoch of its shard of the dataset; writes the record ids it saw."""
     import ray.train
@@ -231,7 +279,10 @@ def test_two_torch_trainer_workers_see_each_record_exactly_once(
     ray_cluster: Any, published: tuple[Cloud, str, str, Manifest], tmp_path: Path
 ) -> None:
     """480 records split between 2 workers: Ray's ``streaming_split(equal=True)`` drops nothing
-    when the count divides evenly (it would drop a remainder otherwise)."""
+    when the count divides evenly (it would drop a remainder otherwise). The workers take the
+    resources docs/ray.md's Ray Train example gives them: less than a CPU each, so that the
+    cluster's 2 CPUs leave room for the read tasks (whole-CPU workers would take both, and the
+    read tasks would wait for ever: issue 33)."""
     from ray.train import RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
 
@@ -244,9 +295,7 @@ def test_two_torch_trainer_workers_see_each_record_exactly_once(
     trainer = TorchTrainer(
         _train_loop,
         train_loop_config={"out": str(out)},
-        # Half a CPU each: the cluster's 2 CPUs leave one for the read tasks (whole-CPU workers
-        # would take both, and the read tasks would wait for ever).
-        scaling_config=ScalingConfig(num_workers=2, use_gpu=False, resources_per_worker={"CPU": 0.5}),
+        scaling_config=ScalingConfig(num_workers=2, use_gpu=False, resources_per_worker=documented_worker_resources()),
         run_config=RunConfig(storage_path=str(tmp_path / "runs"), name="read"),
         datasets={"train": dataset},
     )

@@ -17,7 +17,7 @@ from yogacache.errors import UnsupportedDatasetError
 from yogacache.format.integrity import Verify
 from yogacache.format.writer import BuildLimits
 from yogacache.names import validate_name
-from yogacache.read.options import ReadOptions, checked_resume_state, mode_keywords
+from yogacache.read.options import STREAM_ARGUMENTS, ReadOptions, checked_resume_state, mode_keywords
 from yogacache.store import open_store
 from yogacache.store import yogadl as yogadl_caches
 
@@ -186,18 +186,44 @@ class DataLayer:
         dataset_id: str,
         dataset_version: str,
         *,
+        returns: Optional[str] = None,
         workers: Optional[int] = None,
         build_shards: Optional[int] = None,
-    ) -> Callable[[Callable[..., Any]], Callable[..., CacheDataRef]]:
+        **read_arguments: Any,
+    ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
         """Decorates a function returning any dataset (tf.data, a map-style torch dataset, an
         iterable of nested dicts/tuples of arrays, numbers, strings and bytes); the result
-        returns the cache as a ``CacheDataRef`` (version ``<version>`` as given), to read with
+        returns the cache (version ``<version>`` as given) as a ``CacheDataRef``, to read with
         ``stream(...)`` or ``yogacache.torch.CacheDataset``/``CacheIterableDataset``. ``workers``
         and ``build_shards``: a parallel build, as for ``cache_train_dataset``.
         ``dataset_version="auto"``: the version is derived from the ``yogacache.sources.from_url``
         source the function returns (as ``yogacache import`` derives it); refused for any other
-        dataset."""
-        return self._cache_of(dataset_id, dataset_version, "", workers, build_shards)
+        dataset.
+
+        ``returns`` ("tf", "torch", "stream", "grain", "ray"): the result returns instead this
+        rank's records (the layer's rank and shard count, shuffled with its ``seed``) as that
+        framework's dataset, read as ``stream(...)`` reads with ``read_arguments``: by default
+        in cache order from the start, else ``shuffle``, ``skip_shuffle_at_epoch_end``,
+        ``shuffle_mode`` and its settings, ``drop_shard_remainder``, ``start_offset`` or
+        ``resume_state`` (the layer's ``offset`` and ``resume_state`` are the training
+        decorators')."""
+        if returns is None:
+            if read_arguments:
+                raise TypeError(
+                    f"cache_dataset got read arguments {sorted(read_arguments)} without returns=: its function "
+                    "returns the CacheDataRef (read it with .stream(...)); pass returns= for this rank's records"
+                )
+            return self._cache_of(dataset_id, dataset_version, "", workers, build_shards)
+        allowed = {name for name, _ in STREAM_ARGUMENTS} - {"shuffle_seed", "shard_rank", "num_shards"}
+        allowed |= {"shuffle_mode", "resume_state", "skip_shuffle_end_of_epoch", *mode_keywords()}
+        unknown = sorted(set(read_arguments) - allowed)
+        if unknown:
+            layer = sorted({"shuffle_seed", "shard_rank", "num_shards"} & set(unknown))
+            raise TypeError(
+                f"cache_dataset got unexpected keyword arguments {unknown}"
+                + (f" ({', '.join(layer)}: the layer's seed, rank and num_shards)" if layer else "")
+            )
+        return self._decorate(dataset_id, dataset_version, "", read_arguments, returns, workers, build_shards)
 
     # -- Determined's decorators ----------------------------------------------------------
     def cache_train_dataset(
@@ -256,7 +282,6 @@ class DataLayer:
             workers,
             build_shards,
         )
-
 
     # -- mixtures ---------------------------------------------------------------------------
     def mixture(
