@@ -293,3 +293,64 @@ def test_a_download_finishing_between_the_scans_is_never_counted_as_free_room(
         assert finished
     finally:
         lock.release()
+
+
+# -- the node's readers: its budget and its minimum -------------------------------------------------
+def test_the_node_minimum_is_the_other_processes_parts_plus_the_waiters_largest() -> None:
+    """Between reads each reader keeps one part; the process whose fetch waits gives up its own and
+    needs room for the part it fetches: the most over the processes."""
+    reader = budget.NodeReader
+    eight = [reader(pid, "a:v1", 10, 100, True) for pid in range(8)]
+    assert budget.node_minimum(eight) == 7 * 10 + 10
+    mixture = [reader(pid, name, size, 100, True) for pid in (1, 2) for name, size in (("a:v1", 10), ("b:v1", 30))]
+    assert budget.node_minimum(mixture) == 40 + 30  # the other rank's two parts, and its own largest
+    assert budget.node_minimum([reader(1, "a:v1", 10, 100, True), reader(1, "b:v1", 30, 100, True)]) == 30
+    opened_only = [reader(1, "a:v1", 10, 100, True), reader(2, "a:v1", 10, 100, False)]  # a loader's main
+    assert budget.node_minimum(opened_only) == 10
+    assert "pid 1: a:v1 (10 B)" in budget.describe_readers(opened_only)
+    assert "pid 2" not in budget.describe_readers(opened_only)
+
+
+def test_leases_name_their_readers_the_smallest_budget_and_the_fetches_waiting(tmp_path: Path) -> None:
+    lease = budget.ProcessLease(tmp_path)
+    lease.register("r1", "a:v1", 600, 5000, reads=True)
+    lease.register("r2", "b:v1", 700, 3000, reads=False)
+    lease.register("r3", "c:v1", 800, None, reads=False)
+    live = budget.live_leases(tmp_path)
+    assert sorted((r.cache, r.part, r.limit, r.reads) for r in live.readers) == [
+        ("a:v1", 600, 5000, True),
+        ("b:v1", 700, 3000, False),
+        ("c:v1", 800, None, False),
+    ]
+    assert live.limit == 3000 and live.waiting == 0
+    lease.set_waiting(+1)
+    assert budget.live_leases(tmp_path).waiting == 1
+    lease.set_waiting(-1)
+    lease.forget("r2")
+    assert budget.live_leases(tmp_path).limit == 5000
+    data = json.loads(lease.json_path.read_text())
+    data["readers"] = [{"cache": "x", "part": -5, "limit": 10}, "junk", {"cache": "y", "part": 1, "limit": "big"}]
+    lease.json_path.write_text(json.dumps(data))
+    assert budget.live_leases(tmp_path).readers == ()  # entries that are not well formed count for nothing
+
+
+def test_room_is_made_under_the_smallest_budget_and_nothing_is_fetched_ahead_while_a_fetch_waits(
+    tmp_path: Path,
+) -> None:
+    directory = tmp_path / budget.PARTS_DIR / "ds" / "v1"
+    directory.mkdir(parents=True)
+    (directory / "b-part-00000.mdb").write_bytes(b"x" * 600)
+    lease = budget.process_lease(tmp_path)
+    lease.hold(budget.part_item("ds", "v1", "b-part-00000.mdb"))
+    assert budget.make_room(tmp_path, 300, 1000) is True
+    lease.register("small", "ds:v1", 600, 800, reads=False)  # another reader's budget: 800
+    try:
+        assert budget.make_room(tmp_path, 300, 1000) is False
+        assert budget.make_room(tmp_path, 200, 1000) is True
+        lease.set_waiting(+1)
+        assert budget.make_room(tmp_path, 100, 1000, ahead=True) is False  # a fetch waits: none ahead
+        assert budget.make_room(tmp_path, 100, 1000) is True
+    finally:
+        lease.set_waiting(-1)
+        lease.forget("small")
+        lease.drop(budget.part_item("ds", "v1", "b-part-00000.mdb"))

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Mapping, Optional, Union
 
+from yogacache import redaction
 from yogacache.errors import ConfigError
 from yogacache.sizes import format_size, parse_part_bytes, parse_size
 
@@ -62,7 +63,7 @@ class SharedFSConfig:
         return Path(chosen) if chosen else None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class _CloudConfig:
     bucket: str
     bucket_directory_path: str
@@ -89,12 +90,20 @@ class _CloudConfig:
 
     scheme = ""
 
+    def __post_init__(self) -> None:
+        # The secrets given are scrubbed from every message redacted from now on, a cloud
+        # library's included (see yogacache.redaction).
+        redaction.remember_config({each.name: getattr(self, each.name) for each in fields(self)})
+
+    def __repr__(self) -> str:
+        return redaction.config_repr(self)
+
     def backend_options(self) -> dict[str, Any]:
         """Settings the backend takes besides the URL (credentials, endpoint)."""
         return {}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class S3Config(_CloudConfig):
     """``{"type": "s3", "bucket", "bucket_directory_path", ...}``; secrets never appear in repr."""
 
@@ -108,14 +117,14 @@ class S3Config(_CloudConfig):
         return {"endpoint_url": self.endpoint_url, "access_key": self.access_key, "secret_key": self.secret_key}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class GCSConfig(_CloudConfig):
     """``{"type": "gcs", "bucket", "bucket_directory_path", ...}``."""
 
     scheme = "gs"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class AzureConfig(_CloudConfig):
     """``{"type": "azure", "bucket": container, "bucket_directory_path", ...}``: the account from
     ``connection_string`` or ``account_url`` (+ ``credential``: a key or SAS token), else from the
@@ -283,11 +292,15 @@ def read_config_mapping(path: Path) -> Mapping[str, Any]:
         text = Path(path).read_text()
     except OSError as error:
         raise ConfigError(f"cannot read config file {path}: {error.strerror}") from error
+    # A parser's error quotes the file (PyYAML a snippet of the line at fault, which may hold a
+    # key; JSON's keeps the document): the ConfigError is raised outside the handler, so that it
+    # carries no such error as its context either.
+    problem: Optional[str] = None
     if Path(path).suffix.lower() == ".json":
         try:
             raw = json.loads(text)
         except json.JSONDecodeError as error:
-            raise ConfigError(f"config file {path} is not valid JSON: {error}") from error
+            problem = f"is not valid JSON: {error.msg} (line {error.lineno}, column {error.colno})"
     else:
         try:
             import yaml
@@ -296,7 +309,23 @@ def read_config_mapping(path: Path) -> Mapping[str, Any]:
         try:
             raw = yaml.safe_load(text)
         except yaml.YAMLError as error:
-            raise ConfigError(f"config file {path} is not valid YAML: {error}") from error
+            problem = f"is not valid YAML: {_yaml_problem(error)}"
+    if problem is not None:
+        raise ConfigError(f"config file {path} {problem}")
     if not isinstance(raw, Mapping):
         raise ConfigError(f"config file {path} does not hold a data_layer mapping")
     return raw
+
+
+def _yaml_problem(error: Any) -> str:
+    """What PyYAML found wrong and where, without the snippet of the file it quotes (the line
+    at fault may be the one holding a key) and with any token it quotes scrubbed."""
+    said = []
+    for text, mark in (
+        (getattr(error, "context", None), getattr(error, "context_mark", None)),
+        (getattr(error, "problem", None), getattr(error, "problem_mark", None)),
+    ):
+        if text:
+            where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
+            said.append(redaction.redact_quoted(str(text)) + where)
+    return ": ".join(said) or type(error).__name__

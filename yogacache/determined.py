@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import logging
 import sys
 import weakref
 from pathlib import Path
@@ -46,6 +45,7 @@ try:
 except ImportError as error:  # pragma: no cover - exercised only without determined
     raise ImportError("yogacache.determined needs Determined: pip install 'yogacache[determined]'") from error
 
+from yogacache import redaction
 from yogacache.arguments import as_int
 from yogacache.config import SharedFSConfig, StorageConfig, parse_config
 from yogacache.datalayer import RETURNS, TRAIN_SUFFIX, VALIDATION_SUFFIX, DataLayer
@@ -65,7 +65,7 @@ __all__ = [
     "trial_facts",
 ]
 
-logger = logging.getLogger("yogacache.determined")
+logger = redaction.get_logger("yogacache.determined")
 
 DEFAULT_STORAGE_PATH = "~/data/determined/"
 """Where Determined's data layer kept caches when the config named no container path."""

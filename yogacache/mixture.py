@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import copy
 import inspect
-import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping, Optional, Sequence, Union
 
+from yogacache import redaction
 from yogacache.errors import ConfigError
 from yogacache.read.mixture import STOPPING_RULES, Share, check_shares, check_weights, mixture_counts
 from yogacache.read.mixture_reader import MixtureReader
@@ -28,7 +28,7 @@ from yogacache.read.reader import CacheReader
 
 __all__ = ["Component", "Mixture", "load_mixture"]
 
-log = logging.getLogger(__name__)
+log = redaction.get_logger(__name__)
 
 Source = Any  # a CacheDataRef, a CacheReader, a cache directory, or a callable returning one
 

@@ -16,7 +16,6 @@ whole and shortens the label instead.
 from __future__ import annotations
 
 import inspect
-import logging
 import os
 import socket
 import sys
@@ -25,7 +24,9 @@ import time
 import weakref
 from typing import Any, Callable, Optional, TextIO
 
-log = logging.getLogger("yogacache.progress")
+from yogacache import redaction
+
+log = redaction.get_logger("yogacache.progress")
 
 _ACTIVE: weakref.WeakSet[Progress] = weakref.WeakSet()  # every progress shown, for mute_all/close_all
 # One live line at a time: the progress its owner updated last is in front; the one whose line

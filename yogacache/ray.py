@@ -34,6 +34,7 @@ try:
 except ImportError as error:  # pragma: no cover - exercised only without Ray
     raise ImportError("yogacache.ray needs Ray Data: pip install 'yogacache[ray]'") from error
 
+from yogacache import redaction
 from yogacache.format.spec import STRING, Spec, leaf_paths, spec_leaves
 from yogacache.read.epochs import EpochReader, layout_of
 from yogacache.read.options import ReadOptions, stream_arguments, stream_signature
@@ -279,7 +280,7 @@ def read_cache(
         raise TypeError(
             "read_cache takes a dataset id with dataset_version (and storage), or a reader, DataRef, "
             f"mixture or directory alone; got {type(dataset_id_or_source).__name__} with "
-            f"dataset_version={dataset_version!r}, storage={storage!r}"
+            f"dataset_version={redaction.describe(dataset_version)}, storage={redaction.describe(storage)}"
         )
     else:
         reader = open_reader(dataset_id_or_source)

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Optional
 from urllib.parse import urlparse
 
+from yogacache import redaction
 from yogacache.backends.base import (
     COPY_CHUNK_BYTES,
     DEFAULT_TRANSFER_THREADS,
@@ -109,7 +110,7 @@ def _parse_url(url: str) -> tuple[str, str, Optional[str]]:
     ``abfs[s]://container@account.dfs.core.windows.net/prefix`` (the account's blob endpoint)."""
     parsed = urlparse(url)
     if not parsed.netloc:
-        raise ConfigError(f"storage URL {url!r} names no container")
+        raise ConfigError(f"storage URL {redaction.describe(url)} names no container")
     container, at, host = parsed.netloc.partition("@")
     account_url = None
     if at:

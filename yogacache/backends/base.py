@@ -14,7 +14,6 @@ import contextlib
 import contextvars
 import errno
 import io
-import logging
 import random
 import threading
 import time
@@ -23,9 +22,10 @@ from pathlib import Path
 from typing import Any, BinaryIO, Callable, Iterable, Iterator, NamedTuple, Optional, Protocol, TypeVar
 from urllib.parse import urlparse
 
+from yogacache import redaction
 from yogacache.errors import ConfigError, YogaCacheError
 
-log = logging.getLogger(__name__)
+log = redaction.get_logger(__name__)
 T = TypeVar("T")
 
 ProgressCallback = Callable[[int], None]  # called with bytes transferred since the last call
@@ -133,7 +133,7 @@ class RetryPolicy:
                 if is_disk_full(error):
                     raise  # this node's disk, not the remote: retrying cannot help
                 if not is_transient(error) or attempt == self.attempts:
-                    reason = describe(error)
+                    reason = redaction.redact_text(describe(error))
                     raise RemoteError(f"{what} failed after {attempt} attempt(s): {reason}", reason) from None
                 delay = min(self.max_delay, self.base_delay * 2 ** (attempt - 1))
                 delay *= 0.5 + random.random()
@@ -452,5 +452,5 @@ def split_bucket_url(url: str) -> tuple[str, str]:
     """``scheme://bucket/some/prefix`` as ``("bucket", "some/prefix")``."""
     parsed = urlparse(url)
     if not parsed.netloc:
-        raise ConfigError(f"storage URL {url!r} names no bucket")
+        raise ConfigError(f"storage URL {redaction.describe(url)} names no bucket")
     return parsed.netloc, parsed.path.strip("/")

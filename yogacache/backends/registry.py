@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlparse
 
+from yogacache import redaction
 from yogacache.backends.base import ObjectStore
 from yogacache.errors import ConfigError
 
@@ -58,13 +59,19 @@ def open_backend(url: str, **options: Any) -> ObjectStore:
     ``retry``), those left ``None`` dropped."""
     scheme = urlparse(url).scheme
     if not scheme:
-        raise ConfigError(f"storage URL {url!r} has no scheme: use s3://, gs:// or file://")
+        raise ConfigError(f"storage URL {redaction.describe(url)} has no scheme: use s3://, gs:// or file://")
     cls = backend_class(scheme)
     given = {key: value for key, value in options.items() if value is not None}
     try:
         return cls.from_url(url, **given)  # type: ignore[attr-defined,no-any-return]
     except TypeError as error:
         raise ConfigError(f"{scheme}:// storage does not take these settings: {sorted(given)}") from error
+    except ConfigError:
+        raise
+    except ValueError as error:  # a client refusing a setting may quote it (botocore: the endpoint URL)
+        refused = redaction.redact_text(str(error))
+    # Raised outside the handler: the client's error, quoting the setting, is not its context.
+    raise ConfigError(f"{scheme}:// storage: {refused}")
 
 
 def backend_settings(scheme: str) -> frozenset[str]:

@@ -15,7 +15,7 @@ import warnings
 from types import FrameType
 from typing import Any, Optional, Sequence
 
-from yogacache import progress
+from yogacache import progress, redaction
 from yogacache.cli.parser import build_parser
 from yogacache.cli.stores import open_cli_store
 from yogacache.errors import CacheNotFoundError, YogaCacheError
@@ -88,6 +88,15 @@ def _missing_library(error: ImportError) -> str:
     return f"a library this needs is not installed ({name}): {text}"
 
 
+def _print_error(message: str, error: Optional[BaseException] = None) -> None:
+    """``yogacache: error: message`` on stderr, after ``error``'s traceback when given (a
+    failure no handler names: a bug's, or a library's); both scrubbed of secrets
+    (``yogacache.redaction``)."""
+    if error is not None:
+        print(redaction.format_exception(error), end="", file=sys.stderr)
+    print(f"yogacache: error: {redaction.redact_text(message)}", file=sys.stderr)
+
+
 # What a program killed by SIGPIPE exits with (``yes | head``): the reader of stdout went away.
 EXIT_STDOUT_GONE = 128 + 13
 
@@ -113,6 +122,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(message)s")
+    redaction.add_to_handlers(logging.getLogger().handlers)  # what -v prints, any library's records too
     if not args.verbose:
         # The cloud libraries' notices about this Python's support window are not the
         # command's output (google.api_core warns on every import within a year of an EOL).
@@ -139,7 +149,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except BrokenPipeError as error:
         if not _stdout_gone():
             progress.close_all()
-            print(f"yogacache: error: {error}", file=sys.stderr)
+            _print_error(str(error))
             return 1
         progress.close_all()
         return EXIT_STDOUT_GONE
@@ -163,15 +173,19 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except CacheNotFoundError as error:
         progress.close_all()
         message = _not_found_message(store, args, error) if store is not None else str(error)
-        print(f"yogacache: error: {message}", file=sys.stderr)
+        _print_error(message)
         return 1
     except (YogaCacheError, OSError) as error:
         progress.close_all()
-        print(f"yogacache: error: {error}", file=sys.stderr)
+        _print_error(str(error))
         return 1
     except ImportError as error:
         progress.close_all()
-        print(f"yogacache: error: {_missing_library(error)}", file=sys.stderr)
+        _print_error(_missing_library(error))
+        return 1
+    except Exception as error:  # a bug, or a library's failure no handler above names: its traceback
+        progress.close_all()
+        _print_error(f"{type(error).__name__}: {error}", error)
         return 1
     finally:
         for signum, handler in previous.items():

@@ -5,8 +5,9 @@ from __future__ import annotations
 import argparse
 import importlib
 import textwrap
-from typing import Any, Callable
+from typing import Any, Callable, NoReturn
 
+from yogacache import redaction
 from yogacache.cli.build import cmd_build
 from yogacache.cli.caches import cmd_gc, cmd_info, cmd_ls, cmd_pull, cmd_push, cmd_rm, cmd_verify
 from yogacache.cli.copies import cmd_copy, cmd_export, cmd_migrate
@@ -94,8 +95,16 @@ def _add_global_options(parser: argparse.ArgumentParser, *, suppress: bool) -> N
     parser.add_argument("-v", "--verbose", action="store_true", default=default(False), help="log what happens")
 
 
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse's parser, its usage errors scrubbed of secrets (``unrecognized arguments:``
+    repeats what was typed, a URL with a key included)."""
+
+    def error(self, message: str) -> NoReturn:
+        super().error(redaction.redact_text(message))
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         prog="yogacache",
         description="Manage yogacache dataset caches: local directories, S3 (s3://) and GCS (gs://).",
         epilog=EXAMPLES,
@@ -103,7 +112,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"yogacache {__version__}")
     _add_global_options(parser, suppress=False)
-    common = argparse.ArgumentParser(add_help=False)
+    common = ArgumentParser(add_help=False)
     _add_global_options(common, suppress=True)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 

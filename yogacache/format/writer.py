@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime
-import logging
 import queue
 import shutil
 import threading
@@ -26,6 +25,7 @@ from typing import Any, Iterable, Optional
 import lmdb
 import numpy as np
 
+from yogacache import redaction
 from yogacache.errors import BuildError, CacheLimitExceededError
 from yogacache.format.codec import CODEC_NAME
 from yogacache.format.durability import (
@@ -43,7 +43,7 @@ from yogacache.malloc import frozen_heap
 from yogacache.progress import Progress
 from yogacache.version import __version__
 
-log = logging.getLogger(__name__)
+log = redaction.get_logger(__name__)
 
 DEFAULT_PART_SIZE = 1 << 30
 _TXN_BYTES = 32 << 20

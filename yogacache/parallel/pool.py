@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import ast
 import copy
-import logging
 import multiprocessing
 import multiprocessing.reduction
 import os
@@ -30,6 +29,7 @@ from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
+from yogacache import redaction
 from yogacache.errors import BuildError, YogaCacheError
 from yogacache.format.durability import fsync_path, replace_directory, temp_dir_for, write_file_durably
 from yogacache.format.integrity import stamp_verified
@@ -49,7 +49,7 @@ from yogacache.parallel.shards import (
 )
 from yogacache.progress import Progress
 
-log = logging.getLogger(__name__)
+log = redaction.get_logger(__name__)
 
 DEFAULT_RETRIES = 2  # new pools after a worker died, before the build fails
 

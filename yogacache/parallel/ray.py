@@ -16,13 +16,13 @@ manifest: nothing is visible, and the next publish of the cache deletes them.
 
 from __future__ import annotations
 
-import logging
 import tempfile
 import time
 import uuid
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Optional, Sequence
 
+from yogacache import redaction
 from yogacache.backends.base import DEFAULT_TRANSFER_THREADS
 from yogacache.errors import BuildError, ConfigError, YogaCacheError
 from yogacache.format.manifest import Manifest
@@ -44,7 +44,7 @@ from yogacache.store.publish import delete_build_parts, publish_manifest
 from yogacache.store.target import parse_target
 from yogacache.store.transfers import upload_files
 
-log = logging.getLogger(__name__)
+log = redaction.get_logger(__name__)
 
 INSTALL_HINT = "building with Ray needs Ray Data: pip install 'yogacache[ray]'"
 DEFAULT_MAX_RETRIES = 3  # Ray re-runs of a task whose worker died

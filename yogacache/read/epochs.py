@@ -16,12 +16,12 @@ blocks (worker ``w`` of ``W`` reads blocks ``w, w+W, …``).
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 from typing import Any, Iterator, Mapping, Optional
 
 import numpy as np
 
+from yogacache import redaction
 from yogacache.format.manifest import Manifest
 from yogacache.read.layout import PartLayout
 from yogacache.read.options import ReadOptions
@@ -30,7 +30,7 @@ from yogacache.read.plans import EpochPlan, Point
 from yogacache.read.reader import CacheReader
 from yogacache.read.schedule import ReadSchedule
 
-log = logging.getLogger(__name__)
+log = redaction.get_logger(__name__)
 
 __all__ = [
     "EpochReader",

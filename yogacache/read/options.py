@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-import logging
 import secrets
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional
 
+from yogacache import redaction
 from yogacache.arguments import as_int, skip_shuffle_flag
 from yogacache.read.shuffle import SHUFFLE_MODES, MixtureState, ResumeState, ShardMode, is_mixture_state, shuffle_mode
 
@@ -29,7 +29,7 @@ __all__ = [
     "stream_signature",
 ]
 
-log = logging.getLogger(__name__)
+log = redaction.get_logger(__name__)
 
 DEFAULT_SHUFFLE_MODE = ShardMode.name
 #: YogaDL's ``DataRef.stream`` arguments, in its positional order, with their defaults.

@@ -10,7 +10,6 @@ other.
 
 from __future__ import annotations
 
-import logging
 import operator
 import os
 import threading
@@ -18,6 +17,7 @@ from typing import Any, Callable, Iterator, Optional, Protocol, Union
 
 import numpy as np
 
+from yogacache import redaction
 from yogacache.format.spec import Spec
 from yogacache.read.epochs import (
     FIRST_READ_BYTES,
@@ -34,7 +34,7 @@ from yogacache.read.options import ReadOptions
 from yogacache.read.plans import EpochPlan
 from yogacache.read.reader import CacheReader
 
-log = logging.getLogger(__name__)
+log = redaction.get_logger(__name__)
 
 __all__ = [
     "EpochReader",

@@ -21,7 +21,6 @@ import contextlib
 import dataclasses
 import errno
 import functools
-import logging
 import os
 import threading
 import weakref
@@ -32,6 +31,7 @@ from typing import Any, Callable, Iterator, Optional, Protocol, Sequence, TypeVa
 import lmdb
 import numpy as np
 
+from yogacache import redaction
 from yogacache.errors import CacheNotFoundError, CacheReplacedError, CorruptCacheError
 from yogacache.format.codec import RecordCodec
 from yogacache.format.integrity import VERIFY_MODES, Verify, verify_parts
@@ -40,7 +40,7 @@ from yogacache.format.manifest import Manifest, PartInfo
 from yogacache.format.pages import RecordOffsets, map_file, record_offsets
 from yogacache.format.spec import unflatten
 
-log = logging.getLogger(__name__)
+log = redaction.get_logger(__name__)
 T = TypeVar("T")
 _PROC_FDS = Path("/proc/self/fd")
 # Records this large span several pages: reading ahead beats faulting page by page.
@@ -56,7 +56,9 @@ class PartProvider(Protocol):
     ``expect(order)`` announces the parts the reader will need next, in order of first use, so
     that they can be fetched ahead. ``prefetch(i)`` starts fetching part ``i`` in the background
     without announcing anything (for a process that reads nothing itself). ``keep_open`` is how
-    many parts the reader may hold at once.
+    many parts the reader keeps between reads (parts being read are held besides). ``on_idle(f)``
+    hands the provider the reader's method that gives up the parts it keeps between reads, which
+    the provider calls while a fetch waits; ``close()`` releases whatever the reader still holds.
     """
 
     keep_open: int
@@ -70,6 +72,16 @@ class PartProvider(Protocol):
     def expect(self, order: Sequence[int]) -> None: ...
 
     def prefetch(self, index: int) -> None: ...
+
+    def on_idle(self, give_up: Callable[[], None]) -> None: ...
+
+    def close(self) -> None: ...
+
+
+def _close_provider(provider: PartProvider) -> None:
+    """A streamed reader was collected without ``close()``: its provider releases the parts it
+    holds in this process (a provider used only in another process does nothing here)."""
+    provider.close()
 
 
 def _physical_memory() -> int:
@@ -361,11 +373,15 @@ class CacheReader:
         self._identities: list[FileIdentity] = []
         held: list[_PartEnvironment] = []
         self._provider = part_provider
-        # Lazily opened parts (with a provider): part number -> environment, least recent first.
+        # Lazily opened parts (with a provider): part number -> environment, least recent first;
+        # and the reads of this process in progress on each (a part being read is never given up).
         self._lazy: dict[int, _PartEnvironment] = {}
+        self._using: dict[int, int] = {}
+        self._lazy_lock = threading.Lock()
         if part_provider is not None:
             self._held = []
             self._pid = os.getpid()
+            self._attach_provider()
             return
         parts = self.manifest.parts
         make_room_for_descriptors(len(parts))
@@ -397,9 +413,7 @@ class CacheReader:
         except lmdb.Error as error:
             raise CorruptCacheError(f"cache part {shown} cannot be opened by LMDB: {error}") from error
         if entries != part.num_records:
-            raise CorruptCacheError(
-                f"cache part {shown} holds {entries} records, the manifest says {part.num_records}"
-            )
+            raise CorruptCacheError(f"cache part {shown} holds {entries} records, the manifest says {part.num_records}")
         return entry
 
     # -- reopening in another process ------------------------------------------------------------
@@ -583,9 +597,7 @@ class CacheReader:
                         for position, key in zip(positions.tolist(), keys):
                             values[position] = get(key)
                 if None in values:
-                    raise CorruptCacheError(
-                        f"cache {self.directory} is missing records its manifest lists"
-                    )
+                    raise CorruptCacheError(f"cache {self.directory} is missing records its manifest lists")
                 # Buffers point into the maps and die with the transactions: consume them here.
                 return consume(values)
         except lmdb.Error as error:
@@ -599,9 +611,7 @@ class CacheReader:
         """Decoded nested elements at ``indices``."""
         spec = self.spec
         decode = self.codec.decode
-        return self._read(
-            indices, lambda values: [unflatten(decode(bytes(value)), spec) for value in values]
-        )
+        return self._read(indices, lambda values: [unflatten(decode(bytes(value)), spec) for value in values])
 
     def read_columns(self, indices: Sequence[int] | np.ndarray) -> list[np.ndarray]:
         """One stacked array per leaf for the records at ``indices`` (fixed-shape specs only)."""
@@ -675,68 +685,144 @@ class CacheReader:
             return
         self._provider.expect([int(part) for parts in epochs() for part in parts])
 
+    def _attach_provider(self) -> None:
+        """Gives the provider this reader's ``release_idle`` (held weakly) and, should the reader
+        be collected without ``close()``, releases its parts then."""
+        provider = self._provider
+        if provider is None:
+            return
+        on_idle = getattr(provider, "on_idle", None)
+        if on_idle is not None:
+            on_idle(self.release_idle)
+        if getattr(provider, "close", None) is not None:
+            finalizer = weakref.finalize(self, _close_provider, provider)
+            finalizer.atexit = False
+
     def _read_lazily(self, indices: np.ndarray, consume: Callable[[list[Any]], T]) -> T:
         """``_read`` through the provider: one part at a time, its records copied out, so that
-        a read needs one part on the node at a time whatever the number of parts it spans."""
+        a read holds one part at a time whatever the number of parts it spans, and never waits
+        for a part while it holds another. Reads on several threads share the reader's parts."""
         if self._closed:
             raise ValueError(f"this reader of the cache at {self.directory} is closed: open the cache again")
         if self._pid != os.getpid():
-            self._lazy = {}  # environments never cross fork(); the parent's pins are its own
+            # Environments never cross fork(); the parent's pins are its own.
+            self._lazy, self._using, self._lazy_lock = {}, {}, threading.Lock()
             self._pid = os.getpid()
         values: list[Any] = [None] * len(indices)
         try:
             for part, keys, positions in self._by_part(indices, request_order=True):
-                entry = self._lazy_environment(part)  # held while its part is read
-                at = range(len(indices)) if positions is None else positions.tolist()
-                with entry.env.begin(buffers=True) as txn:
-                    for position, key in zip(at, keys.astype(">u8").view("V8").tolist()):
-                        value = txn.get(key)
-                        values[position] = None if value is None else bytes(value)
+                entry = self._use_part(part)  # held while its part is read
+                try:
+                    at = range(len(indices)) if positions is None else positions.tolist()
+                    with entry.env.begin(buffers=True) as txn:
+                        for position, key in zip(at, keys.astype(">u8").view("V8").tolist()):
+                            value = txn.get(key)
+                            values[position] = None if value is None else bytes(value)
+                finally:
+                    self._done_with_part(part)
         except lmdb.Error as error:
             raise CorruptCacheError(f"reading {self.directory} failed: {error}") from error
         if None in values:
             raise CorruptCacheError(f"cache {self.directory} is missing records its manifest lists")
         return consume(values)
 
-    def _lazy_environment(self, index: int) -> _PartEnvironment:
-        """This process's environment of part ``index``, acquired from the provider on first use;
-        the least recently used beyond ``keep_open`` are closed and released."""
-        if self._provider is None:
+    def _use_part(self, index: int) -> _PartEnvironment:
+        """This process's environment of part ``index``, held for one read until
+        ``_done_with_part``; acquired from the provider when the reader does not hold it (which
+        may wait for the part: the reader then holds only parts other reads are reading)."""
+        provider = self._provider
+        if provider is None:
             raise ValueError(f"the reader of {self.directory} opens its parts eagerly: it has no part provider")
-        entry = self._lazy.pop(index, None)
-        if entry is None:
-            part = self.manifest.parts[index]
-            path = self._provider.acquire(index)
-            try:
-                fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-                try:
-                    st = os.fstat(fd)
-                    if st.st_size != part.size_bytes:
-                        raise CorruptCacheError(
-                            f"cache part {path} holds {st.st_size} bytes, the manifest says {part.size_bytes}"
-                        )
-                    entry = self._attach(part, _identity(st), functools.partial(os.dup, fd))
-                finally:
-                    os.close(fd)
-            except BaseException:
-                self._provider.release(index)
-                raise
-        self._lazy[index] = entry
-        while len(self._lazy) > max(1, self._provider.keep_open):
-            oldest = next(iter(self._lazy))
-            del self._lazy[oldest]
-            self._provider.release(oldest)
+        with self._lazy_lock:
+            entry = self._lazy.pop(index, None)
+            if entry is not None:
+                self._lazy[index] = entry  # the most recent
+                self._using[index] = self._using.get(index, 0) + 1
+                return entry
+        entry = self._open_part(index)
+        with self._lazy_lock:
+            found = self._lazy.pop(index, None)  # another read opened it meanwhile: one hold
+            self._lazy[index] = found if found is not None else entry
+            self._using[index] = self._using.get(index, 0) + 1
+            released = self._trim(max(1, provider.keep_open))
+        if found is not None:
+            released.append(index)
+            entry = found
+        for part in released:
+            provider.release(part)
         return entry
+
+    def _open_part(self, index: int) -> _PartEnvironment:
+        """Acquires part ``index`` from the provider and opens its environment (released again
+        when that fails)."""
+        provider = self._provider
+        assert provider is not None  # noqa: S101 - callers check
+        part = self.manifest.parts[index]
+        path = provider.acquire(index)
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                st = os.fstat(fd)
+                if st.st_size != part.size_bytes:
+                    raise CorruptCacheError(
+                        f"cache part {path} holds {st.st_size} bytes, the manifest says {part.size_bytes}"
+                    )
+                return self._attach(part, _identity(st), functools.partial(os.dup, fd))
+            finally:
+                os.close(fd)
+        except BaseException:
+            provider.release(index)
+            raise
+
+    def _done_with_part(self, index: int) -> None:
+        """A read of part ``index`` is done: the reader keeps at most ``keep_open`` parts that
+        no read is reading; the least recently used beyond that are closed and released."""
+        provider = self._provider
+        if provider is None:
+            return
+        with self._lazy_lock:
+            count = self._using.get(index, 0) - 1
+            if count > 0:
+                self._using[index] = count
+            else:
+                self._using.pop(index, None)
+            released = self._trim(max(1, provider.keep_open))
+        for part in released:
+            provider.release(part)
+
+    def _trim(self, keep: int) -> list[int]:
+        """Takes the least recently used parts no read is reading out of the reader until it
+        holds ``keep`` (or only parts being read); the caller holds the lock and releases them."""
+        released = []
+        for part in list(self._lazy):
+            if len(self._lazy) <= keep:
+                break
+            if part not in self._using:
+                del self._lazy[part]
+                released.append(part)
+        return released
+
+    def release_idle(self) -> None:
+        """Gives up every part no read of this reader is reading now (the provider calls it
+        while a fetch of this process waits: no reader waits holding room it could free)."""
+        provider = self._provider
+        if provider is None or self._pid != os.getpid():
+            return
+        with self._lazy_lock:
+            released = self._trim(0)
+        for part in released:
+            provider.release(part)
 
     def _release_lazy(self) -> None:
         lazy, self._lazy = getattr(self, "_lazy", {}), {}
+        self._using = {}
         provider = getattr(self, "_provider", None)
         if provider is not None and getattr(self, "_pid", None) == os.getpid():
             for index in lazy:
                 provider.release(index)
             stop = getattr(provider, "close", None)
             if stop is not None:
-                stop()  # no more fetching ahead for this reader
+                stop()  # no more fetching ahead for this reader; it leaves the node's lease
 
     def __getstate__(self) -> dict[str, Any]:
         # Sending a reader to another process (DataLoader spawn) sends what it was opened on:
@@ -745,6 +831,8 @@ class CacheReader:
         state["_held"] = []
         state["_pid"] = -1
         state["_lazy"] = {}
+        state["_using"] = {}
+        del state["_lazy_lock"]
         del state["codec"]  # holds a msgpack Packer, which does not pickle: rebuilt on arrival
         if self._pid == os.getpid():
             held = _own_descriptors()
@@ -759,3 +847,5 @@ class CacheReader:
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self.codec = RecordCodec(self.manifest.element_spec)
+        self._lazy_lock = threading.Lock()
+        self._attach_provider()

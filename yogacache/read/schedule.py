@@ -8,11 +8,11 @@ into checkpoints. Pure numpy, no I/O.
 
 from __future__ import annotations
 
-import logging
 import sys
 import warnings
 from typing import Any, Mapping, Optional
 
+from yogacache import redaction
 from yogacache.arguments import as_int
 from yogacache.read.layout import PartLayout, PartUse
 from yogacache.read.options import ReadOptions
@@ -29,7 +29,7 @@ from yogacache.read.shuffle import (
 
 __all__ = ["ArrayPlan", "EpochPlan", "GlobalPlan", "ReadSchedule", "ResumeState", "STATE_VERSION"]
 
-log = logging.getLogger(__name__)
+log = redaction.get_logger(__name__)
 # What fitting orders to budgets changed, said once per process each.
 _FITTED: set[str] = set()
 

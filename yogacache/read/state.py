@@ -28,9 +28,9 @@ from __future__ import annotations
 
 import hashlib
 import json
-import logging
 from typing import Any, Iterable, Mapping, Optional, Sequence
 
+from yogacache import redaction
 from yogacache.errors import ResumeStateError
 
 __all__ = [
@@ -45,7 +45,7 @@ __all__ = [
     "say_once",
 ]
 
-log = logging.getLogger(__name__)
+log = redaction.get_logger(__name__)
 
 #: The order-deciding settings a state records beyond its position, and their types. A state
 #: from an earlier release may lack any of them.

@@ -13,12 +13,12 @@ or ignore. A check that cannot be made (the bucket unreachable) raises: it is ne
 
 from __future__ import annotations
 
-import logging
 import posixpath
 import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
+from yogacache import redaction
 from yogacache.backends.base import LIST_PAGE
 from yogacache.errors import CacheNotFoundError
 from yogacache.format.manifest import Manifest
@@ -29,7 +29,7 @@ from yogacache.sources.source import SOURCES_EXTRA_KEY, check_policy
 from yogacache.sources.urls import Location, parse_location
 from yogacache.store.base import Store
 
-log = logging.getLogger(__name__)
+log = redaction.get_logger(__name__)
 SHOWN_CHANGES = 10
 
 

@@ -21,6 +21,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable, Generator, Iterator, Mapping, Optional, Sequence, Union
 
+from yogacache import redaction
 from yogacache.format.codec import RecordCodec
 from yogacache.format.sources import PythonSource
 from yogacache.format.spec import Spec, TensorSpec, flattener, infer_spec
@@ -157,7 +158,7 @@ class ObjectSource:
 
     def __repr__(self) -> str:
         shown = ", ".join(self.urls[:3]) + (", ..." if len(self.urls) > 3 else "")
-        return f"ObjectSource({shown}, format={self.format!r})"
+        return f"ObjectSource({redaction.redact_text(shown)}, format={self.format!r})"
 
     # -- what it is built from ---------------------------------------------------------------
     def objects(self) -> list[ObjectRef]:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlparse
 
+from yogacache import redaction
 from yogacache.backends.registry import ALIASES, BACKENDS
 from yogacache.sources.errors import SourceError
 
@@ -87,7 +88,7 @@ def parse_location(url: str) -> Location:
         return Location("file", "", str(Path(path).expanduser().absolute()))
     if scheme not in BACKENDS:
         known = ", ".join(f"{name}://" for name in sorted(BACKENDS) if name != "file")
-        raise SourceError(f"unsupported source URL {url!r}: use {known}, file:// or a local path")
+        raise SourceError(f"unsupported source URL {redaction.describe(url)}: use {known}, file:// or a local path")
     if not parsed.netloc:
-        raise SourceError(f"source URL {url!r} names no bucket")
+        raise SourceError(f"source URL {redaction.describe(url)} names no bucket")
     return Location(scheme, parsed.netloc, parsed.path.lstrip("/"))

@@ -21,7 +21,15 @@ in the future -- the readers' announced read orders say when each part is needed
 and, among what no reader will need, the least recently used first. A fetch *ahead* takes room
 only from what no reader needs in the epoch it reads now (each announced order says how many of
 its parts are of that epoch): what it fetches early must not cost a part the reader comes back to
-before the epoch ends.
+before the epoch ends; and none while a fetch of the node waits for room.
+
+No reader waits while it holds what another waiter needs (hold-and-wait is impossible by
+construction): a streamed reader holds the part it reads now and, between reads, at most the one
+it read last; a process whose fetch waits for room (or for another process's download) first
+gives up every part its readers hold between reads. Each lease names its streamed readers (their
+cache, largest part and budget), so that the node's budget is the smallest any live reader names,
+and a reader whose node cannot hold what its readers keep is refused up front
+(``check_node_minimum``).
 """
 
 from __future__ import annotations
@@ -29,20 +37,23 @@ from __future__ import annotations
 import errno
 import fcntl
 import json
-import logging
 import math
 import os
 import threading
 import uuid
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator, Optional
+from typing import Callable, Iterator, Optional, Sequence
 
+from yogacache import redaction
+from yogacache.errors import ConfigError
 from yogacache.format.manifest import MANIFEST_NAME
 from yogacache.locks import FileLock, LockTimeoutError
 from yogacache.safefs import PUBLIC_FILE_MODE, make_directories
+from yogacache.sizes import format_size
 
-log = logging.getLogger(__name__)
+log = redaction.get_logger(__name__)
 
 PARTS_DIR = ".parts"
 LEASES_DIR = ".leases"
@@ -90,6 +101,12 @@ class ProcessLease:
         # reader -> how long it reads each part, relative to the process's other readers (a
         # mixture's components: a part of a component the mixture reads little of lasts longer)
         self._scale: dict[str, float] = {}
+        # reader -> (its cache, its largest part, its budget, whether it reads in this process)
+        self._readers: dict[str, tuple[str, int, Optional[int], bool]] = {}
+        # reader -> gives up the parts it holds between reads (called while a fetch waits; held
+        # weakly: a reader collected without closing leaves nothing behind here)
+        self._idle: dict[str, weakref.WeakMethod[Callable[[], None]]] = {}
+        self._waiting = 0  # fetches of this process waiting for room now
         self._lock = threading.Lock()
 
     def hold(self, item: str) -> None:
@@ -123,11 +140,61 @@ class ProcessLease:
         with self._lock:
             return item in self._held
 
+    def register(
+        self,
+        reader: str,
+        cache: str,
+        part: int,
+        limit: Optional[int],
+        *,
+        reads: bool,
+        give_up: Optional[Callable[[], None]] = None,
+    ) -> None:
+        """Names a streamed reader of this process in the lease: its cache, its largest part and
+        its budget; ``reads``: it reads here (it holds parts: it counts in the node's minimum).
+        ``give_up`` gives up the parts it holds between reads (``give_up_idle``)."""
+        with self._lock:
+            self._readers[reader] = (cache, int(part), limit, reads)
+            if give_up is not None:
+                self._idle[reader] = weakref.WeakMethod(give_up)
+            self._write()
+
+    def forget(self, reader: str) -> None:
+        """A reader closed: its order, its registration and its hook leave the lease."""
+        with self._lock:
+            found = [table.pop(reader, None) for table in (self._upcoming, self._now, self._scale, self._readers)]
+            self._idle.pop(reader, None)
+            if any(value is not None for value in found):
+                self._write()
+
+    def give_up_idle(self) -> None:
+        """Makes every reader of this process give up the parts it holds between reads (a fetch
+        of the process waits: it must not wait while the process holds room it could free)."""
+        with self._lock:
+            hooks = [found() for found in self._idle.values()]
+        for hook in hooks:
+            if hook is not None:
+                hook()
+
+    def set_waiting(self, change: int) -> None:
+        """Counts a fetch of this process that starts (+1) or stops (-1) waiting for room; while
+        one waits, fetches ahead on the node take no room."""
+        with self._lock:
+            before = self._waiting
+            self._waiting = max(0, self._waiting + change)
+            if (before > 0) != (self._waiting > 0):
+                self._write()
+
     def _write(self) -> None:
         readers = list(self._upcoming)
         data = {
             "pid": self.pid,
             "held": sorted(self._held),
+            "readers": [
+                {"cache": cache, "part": part, "limit": limit, "reads": reads}
+                for cache, part, limit, reads in self._readers.values()
+            ],
+            "waiting": self._waiting,
             "upcoming": [self._upcoming[reader] for reader in readers],
             "now": [self._now.get(reader, len(self._upcoming[reader])) for reader in readers],
             "scale": [self._scale.get(reader, 1.0) for reader in readers],
@@ -153,6 +220,13 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_forget_leases_after_fork)
 
 
+def has_process_lease(root: Path) -> bool:
+    """Whether this process took its lease under ``root``."""
+    with _leases_lock:
+        lease = _leases.get(root)
+        return lease is not None and lease.pid == os.getpid()
+
+
 def process_lease(root: Path) -> ProcessLease:
     """This process's lease under ``root`` (one per process and root, taken on first use)."""
     with _leases_lock:
@@ -172,6 +246,17 @@ def hold_copy(root: Path, dataset_id: str, dataset_version: str) -> None:
 
 
 @dataclass(frozen=True)
+class NodeReader:
+    """A streamed reader named in a live lease."""
+
+    pid: int
+    cache: str  # ``<id>:<version>``
+    part: int  # its largest part: what it holds between reads
+    limit: Optional[int]  # the budget it was opened with
+    reads: bool  # it reads in that process (a DataLoader's main process may only open it)
+
+
+@dataclass(frozen=True)
 class LiveLeases:
     """What the live processes of a node hold, and when they need each part next."""
 
@@ -180,9 +265,64 @@ class LiveLeases:
     processes: int
     # Items some live reader still reads in the epoch it reads now (a fetch ahead leaves them).
     needed_now: frozenset[str] = frozenset()
+    readers: tuple[NodeReader, ...] = ()
+    waiting: int = 0  # fetches of the node waiting for room now
 
     def rank(self, item: str) -> float:
         return self.next_use.get(item, math.inf)
+
+    @property
+    def limit(self) -> Optional[int]:
+        """The node's budget: the smallest any live streamed reader was opened with."""
+        limits = [reader.limit for reader in self.readers if reader.limit is not None]
+        return min(limits) if limits else None
+
+
+def node_minimum(readers: Sequence[NodeReader]) -> int:
+    """The smallest budget in which ``readers`` (of one node) never wait on each other: between
+    reads each holds one part (its largest), and a process whose fetch waits gives up its own
+    and needs room for the part it fetches. So: the most, over the processes, of the other
+    processes' readers' parts plus its own largest part. (Each cache also needs two of its
+    largest parts by itself: ``store.streaming.check_budget``.)"""
+    reading = [reader for reader in readers if reader.reads]
+    total = sum(reader.part for reader in reading)
+    need = 0
+    for pid in {reader.pid for reader in reading}:
+        own = [reader.part for reader in reading if reader.pid == pid]
+        need = max(need, total - sum(own) + max(own))
+    return need
+
+
+def describe_readers(readers: Sequence[NodeReader]) -> str:
+    """``pid 12: web:v1 (1.1 MiB), code:v1 (1.0 MiB); pid 13: …`` (the readers that count)."""
+    by_pid: dict[int, list[str]] = {}
+    for reader in readers:
+        if reader.reads:
+            by_pid.setdefault(reader.pid, []).append(f"{reader.cache} ({format_size(reader.part)})")
+    return "; ".join(f"pid {pid}: {', '.join(names)}" for pid, names in sorted(by_pid.items()))
+
+
+def check_node_minimum(root: Path, joining: NodeReader, limit: int) -> None:
+    """ConfigError when the node's budget (the smallest of ``limit`` and the live readers'
+    budgets) cannot hold what its streamed readers, ``joining`` among them, keep between reads
+    (``node_minimum``): the error names the minimum, the budget and every reader, so that a node
+    with too many readers for its budget is refused when a reader opens or first reads instead of
+    stalling."""
+    live = live_leases(root)
+    readers = [*live.readers, joining]
+    budget = min(limit, live.limit) if live.limit is not None else limit
+    need = node_minimum(readers)
+    if need <= budget:
+        return
+    count = sum(1 for reader in readers if reader.reads)
+    processes = len({reader.pid for reader in readers if reader.reads})
+    raise ConfigError(
+        f"local_cache_limit {format_size(budget)} ({budget} bytes) is too small for the {count} streamed "
+        f"readers of {processes} process(es) on this node ({root}): between reads each holds the part it "
+        f"read last, and a process waiting for room needs room for the part it fetches, so they need at least "
+        f"{format_size(need)} ({need} bytes). Readers: {describe_readers(readers)}. Raise local_cache_limit "
+        "to at least that, or run fewer readers on this node (ranks, DataLoader workers, mixture components)"
+    )
 
 
 def remove_dead_leases(directory: Path) -> list[Path]:
@@ -222,6 +362,8 @@ def live_leases(root: Path) -> LiveLeases:
     held: set[str] = set()
     next_use: dict[str, float] = {}
     needed_now: set[str] = set()
+    readers: list[NodeReader] = []
+    waiting = 0
     processes = 0
     for json_path in remove_dead_leases(root / LEASES_DIR):
         processes += 1
@@ -229,7 +371,12 @@ def live_leases(root: Path) -> LiveLeases:
             data = json.loads(json_path.read_text())
         except (OSError, ValueError):
             continue  # a lease being written for the first time holds nothing yet
+        if not isinstance(data, dict):
+            continue
         held.update(str(item) for item in data.get("held", []))
+        readers.extend(_readers_of(data))
+        if isinstance(data.get("waiting"), int) and data["waiting"] > 0:
+            waiting += data["waiting"]
         orders = data.get("upcoming", [])
         nows = data.get("now", [])
         scales = data.get("scale", [])
@@ -242,7 +389,24 @@ def live_leases(root: Path) -> LiveLeases:
                     next_use[item] = position * scale
                 if position < now:
                     needed_now.add(item)
-    return LiveLeases(frozenset(held), next_use, processes, frozenset(needed_now))
+    return LiveLeases(frozenset(held), next_use, processes, frozenset(needed_now), tuple(readers), waiting)
+
+
+def _readers_of(data: dict[str, object]) -> list[NodeReader]:
+    """The streamed readers a lease names (entries that are not well formed are left out)."""
+    pid = data.get("pid")
+    found = data.get("readers")
+    if not isinstance(pid, int) or not isinstance(found, list):
+        return []
+    readers = []
+    for entry in found:
+        if not isinstance(entry, dict):
+            continue
+        part, limit = entry.get("part"), entry.get("limit")
+        if not isinstance(part, int) or part < 0 or not (limit is None or (isinstance(limit, int) and limit > 0)):
+            continue
+        readers.append(NodeReader(pid, str(entry.get("cache", "?")), part, limit, bool(entry.get("reads", True))))
+    return readers
 
 
 # -- what is on the node ----------------------------------------------------------------------
@@ -327,9 +491,15 @@ def in_flight_bytes(root: Path) -> int:
     return total
 
 
-def fetch_lock(directory: Path, part_name: str, timeout: Optional[float] = None) -> FileLock:
-    """The node-wide lock of downloading one part (one download per part per node)."""
-    return FileLock(directory / f".{part_name}.lock", timeout=timeout)
+def fetch_lock(
+    directory: Path,
+    part_name: str,
+    timeout: Optional[float] = None,
+    on_wait: Optional[Callable[[Optional[str]], None]] = None,
+) -> FileLock:
+    """The node-wide lock of downloading one part (one download per part per node);
+    ``on_wait`` runs once before waiting for another process's download."""
+    return FileLock(directory / f".{part_name}.lock", timeout=timeout, on_wait=on_wait)
 
 
 def fetch_lock_free(directory: Path, part_name: str) -> bool:
@@ -441,6 +611,10 @@ def make_room(
         in_flight = in_flight_bytes(root)
         items = local_items(root)
         leases = live_leases(root)
+        if leases.limit is not None:
+            limit = min(limit, leases.limit)  # the node's budget: the smallest a live reader names
+        if ahead and leases.waiting:
+            return False  # a fetch of the node waits for room: nothing is fetched ahead of it
         chosen, usage = choose_evictions(
             items,
             leases,

@@ -24,13 +24,13 @@ names (``store.publish``'s clean-up).
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
 import threading
 import zlib
 from dataclasses import dataclass, field, replace
 from typing import Any, ContextManager, Mapping, Optional, Union, cast
 
+from yogacache import redaction
 from yogacache.backends.base import (
     DEFAULT_TRANSFER_THREADS,
     CopyableObjectStore,
@@ -45,7 +45,7 @@ from yogacache.store import keys, publish
 from yogacache.store.lease import DEFAULT_LEASE_SECONDS, Lease, LeaseTimes
 from yogacache.store.transfers import HashedChunks, run_transfers, stream_part
 
-log = logging.getLogger(__name__)
+log = redaction.get_logger(__name__)
 
 COPY_THREADS = 2 * DEFAULT_TRANSFER_THREADS  # parts copied at once
 

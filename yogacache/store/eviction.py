@@ -10,13 +10,13 @@ copies that are the only ones: ``gc`` never removes anything from it.
 
 from __future__ import annotations
 
-import logging
 import os
 import shutil
 import time
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from yogacache import redaction
 from yogacache.errors import CacheNotFoundError, CorruptCacheError, NoSpaceError, YogaCacheError
 from yogacache.format.durability import TRASH_MARK
 from yogacache.format.manifest import Manifest
@@ -26,7 +26,7 @@ from yogacache.store import budget
 from yogacache.store.base import RemoteStore
 from yogacache.store.localroot import read_origin
 
-log = logging.getLogger(__name__)
+log = redaction.get_logger(__name__)
 
 COPY_ROOM_WAIT_SECONDS = 60.0
 
@@ -71,6 +71,13 @@ def make_room_for_copy(store: Any, remote: Manifest, need: int) -> None:
     """Evicts until a whole copy of ``need`` bytes fits under the store's budget; NoSpaceError
     when it cannot (the rest is in use or the only copy)."""
     limit = store.local_cache_limit
+    if need > limit:  # nothing to wait for: no eviction ever makes room for it
+        raise NoSpaceError(
+            f"{remote.dataset_id}:{remote.dataset_version} is {format_size(need)} ({need} bytes), larger than "
+            f"local_cache_limit {format_size(limit)} ({limit} bytes): a whole copy of it never fits on this "
+            "node. Read it streamed instead (opening it streams a cache larger than the budget, part by "
+            "part), or raise local_cache_limit"
+        )
     deadline = time.monotonic() + COPY_ROOM_WAIT_SECONDS
     while True:
         if budget.make_room(

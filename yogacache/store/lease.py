@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import logging
 import math
 import os
 import socket
@@ -30,12 +29,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Callable, Optional, TypeVar
 
+from yogacache import redaction
 from yogacache.backends.base import ObjectStore
 from yogacache.errors import YogaCacheError
 from yogacache.progress import waiting
 from yogacache.store.keys import LEASE_NAME as LEASE_NAME  # re-exported: where the lease lives
 
-log = logging.getLogger(__name__)
+log = redaction.get_logger(__name__)
 
 T = TypeVar("T")
 DEFAULT_LEASE_SECONDS = 120.0  # a holder renews every third of it; a waiter takes over after it

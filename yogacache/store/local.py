@@ -7,13 +7,13 @@ does not know the record format beyond the writer and reader it drives.
 from __future__ import annotations
 
 import builtins
-import logging
 import os
 import shutil
 import time
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional
 
+from yogacache import redaction
 from yogacache.errors import CacheNotFoundError, ConfigError, CorruptCacheError, YogaCacheError
 from yogacache.format.durability import TRASH_MARK, leftovers_of
 from yogacache.format.integrity import Verify
@@ -28,7 +28,7 @@ from yogacache.read.reader import CacheReader
 from yogacache.store.entry import CacheEntry
 from yogacache.store.localroot import LocalRoot, check_root
 
-log = logging.getLogger(__name__)
+log = redaction.get_logger(__name__)
 
 # How many times ``open`` starts again when a rebuild replaced the cache while it was opening it.
 OPEN_ATTEMPTS = 10

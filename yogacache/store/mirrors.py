@@ -16,11 +16,11 @@ is current. Reading a cache:
 from __future__ import annotations
 
 import builtins
-import logging
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable, Optional
 
+from yogacache import redaction
 from yogacache.backends.base import ObjectStore, RemoteError
 from yogacache.errors import CacheNotFoundError, CorruptCacheError, IncompatibleCacheError, YogaCacheError
 from yogacache.format.manifest import Manifest
@@ -32,7 +32,7 @@ from yogacache.store.localroot import read_origin
 from yogacache.store.publish import new_lease
 from yogacache.store.remote import RemoteCacheStore
 
-log = logging.getLogger(__name__)
+log = redaction.get_logger(__name__)
 
 
 class MirroredCacheStore(RemoteCacheStore):

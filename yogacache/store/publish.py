@@ -14,12 +14,12 @@
 
 from __future__ import annotations
 
-import logging
 import os
 import shutil
 import uuid
 from typing import Callable, ContextManager, Optional
 
+from yogacache import redaction
 from yogacache.backends.base import ObjectStore
 from yogacache.errors import (
     CacheNotFoundError,
@@ -37,7 +37,7 @@ from yogacache.store.local import CacheStore
 from yogacache.store.localroot import is_unpublished, read_origin, write_origin
 from yogacache.store.transfers import upload_files
 
-log = logging.getLogger(__name__)
+log = redaction.get_logger(__name__)
 
 
 # What reading a listed cache's manifest raises when it cannot be read: which parts it needs is

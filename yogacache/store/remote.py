@@ -27,10 +27,10 @@ every user may write to, such as ``/tmp``: see ``store.localroot``).
 from __future__ import annotations
 
 import builtins
-import logging
 from pathlib import Path
 from typing import Any, Callable, Optional
 
+from yogacache import redaction
 from yogacache.backends.base import DEFAULT_TRANSFER_THREADS, ObjectStore
 from yogacache.config import check_part_budget
 from yogacache.errors import CacheNotFoundError, YogaCacheError
@@ -56,7 +56,7 @@ from yogacache.store.publish import ConcurrentPublishError as ConcurrentPublishE
 from yogacache.store.streaming import remove_streamed_parts, stream_cache
 from yogacache.store.sync import LocalCopies
 
-log = logging.getLogger(__name__)
+log = redaction.get_logger(__name__)
 
 # Parts of caches published to object stores: the unit of a streamed fetch (the first batch waits
 # for one), of parallel transfers and of a budget (which must hold two). 64 MiB, as MosaicML's

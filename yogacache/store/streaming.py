@@ -19,20 +19,27 @@ that order, in parallel, as far as the byte budget allows without evicting anyth
 epoch still reads; at most one part of the next epoch is fetched before the current one ends.
 A reader that fetches more than its epoch's parts and one more in an epoch warns once, naming
 the settings to change. See docs/streaming.md.
+
+No silent stall: a fetch that waits (for room, or for another process's download of its part)
+first makes every reader of its process give up the parts it holds between reads, and a reader
+names itself in its process's lease (its cache, largest part and budget) when it opens and when
+it first reads, refused with a ConfigError when the node's readers need more than the node's
+budget (``budget.check_node_minimum``). A reader closed or garbage-collected releases its parts.
 """
 
 from __future__ import annotations
 
-import logging
 import math
 import os
 import threading
 import time
 import uuid
+import weakref
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
+from yogacache import redaction
 from yogacache.backends.base import DEFAULT_TRANSFER_THREADS, ObjectStore, TransferCancelled, stop_retries_when
 from yogacache.config import PARTS_IN_FLIGHT
 from yogacache.errors import CacheReplacedError, ConfigError, CorruptCacheError, NoSpaceError
@@ -46,7 +53,7 @@ from yogacache.store import budget, keys
 from yogacache.store.readorder import ReadOrder
 from yogacache.store.transfers import download_part
 
-log = logging.getLogger(__name__)
+log = redaction.get_logger(__name__)
 
 # How long a reader waits for room in the budget (other processes of the node hold the rest)
 # before it says why it cannot go on.
@@ -107,15 +114,21 @@ class StreamingParts:
         # How long the reader reads each part, against the node's other readers: 1, or more for
         # a mixture's component read less often than others (``CacheReader.set_part_pace``).
         self.scale = 1.0
-        # A reader holds one part at a time under a budget, else every part it opened.
+        # A reader keeps one part between reads under a budget, else every part it opened.
         self.keep_open = 1 if limit is not None else len(manifest.parts)
         self._objects = objects
         self._objects_factory = objects_factory
         self.manifest_key = manifest_key
-        self._key = uuid.uuid4().hex
+        # The reader's function that gives up the parts it holds between reads (a weak method:
+        # set by the reader, ``on_idle``), called while a fetch of this process waits.
+        self._give_up: Optional[weakref.WeakMethod[Callable[[], None]]] = None
         self._init_process_state()
 
     def _init_process_state(self) -> None:
+        # Names this reader in its process's lease: a copy (a DataLoader worker's, Ray's) is
+        # another reader.
+        self._key = uuid.uuid4().hex
+        self._registered = False  # named in the lease as a reader that reads, in this process
         self._pid = os.getpid()
         self._lock = threading.Lock()
         self._pool: Optional[ThreadPoolExecutor] = None
@@ -135,14 +148,18 @@ class StreamingParts:
 
     # -- pickling (a reader sent to a spawned DataLoader worker) ------------------------------
     def __getstate__(self) -> dict[str, Any]:
-        state = {key: value for key, value in self.__dict__.items() if not key.startswith("_") or key in (
-            "_objects_factory", "_key", "_objects")}
+        state = {
+            key: value
+            for key, value in self.__dict__.items()
+            if not key.startswith("_") or key in ("_objects_factory", "_objects")
+        }
         if self._objects_factory is not None:
             state["_objects"] = None  # clients do not cross processes: the factory makes one
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
+        self._give_up = None
         self._init_process_state()
 
     def _process(self) -> None:
@@ -150,6 +167,44 @@ class StreamingParts:
             objects = self._objects if self._objects_factory is None else None
             self._init_process_state()
             self._objects = objects
+
+    # -- the node's readers ---------------------------------------------------------------
+    def on_idle(self, give_up: Callable[[], None]) -> None:
+        """``give_up`` (a bound method of the reader, held weakly) gives up the parts the reader
+        holds between reads; it is called while a fetch of this process waits."""
+        self._give_up = weakref.WeakMethod(give_up)
+
+    def _give_up_idle(self) -> None:
+        found = self._give_up() if self._give_up is not None else None
+        if found is not None:
+            found()
+
+    def _reader(self, reads: bool) -> budget.NodeReader:
+        manifest = self.manifest
+        return budget.NodeReader(
+            os.getpid(), f"{manifest.dataset_id}:{manifest.dataset_version}", self.largest_part, self.limit, reads
+        )
+
+    def register(self, *, reads: bool) -> None:
+        """Names this reader in its process's lease (its cache, largest part and budget), first
+        checking that the node's budget holds what its streamed readers keep between reads
+        with this one among them (``budget.check_node_minimum``: ConfigError otherwise).
+        ``reads``: it reads in this process (opening alone names its budget, not its part). A
+        reader without a budget is named as one that neither limits nor counts, so that it still
+        gives up what it holds between reads while a fetch of its process waits."""
+        if self.limit is None:
+            reads = False
+        reader = self._reader(reads)
+        lease = budget.process_lease(self.root)
+        with budget.budget_lock(self.root):
+            if reads and self.limit is not None:
+                budget.check_node_minimum(self.root, reader, self.limit)
+            lease.register(self._key, reader.cache, reader.part, reader.limit, reads=reads, give_up=self._give_up_idle)
+
+    def _register_reading(self) -> None:
+        if not self._registered:
+            self.register(reads=True)
+            self._registered = True
 
     @property
     def objects(self) -> ObjectStore:
@@ -170,6 +225,7 @@ class StreamingParts:
     def acquire(self, index: int) -> Path:
         """The verified local path of part ``index``, held from eviction until ``release``."""
         self._process()
+        self._register_reading()
         lease = budget.process_lease(self.root)
         with budget.budget_lock(self.root):  # no eviction between the pin and the check
             lease.hold(self.item(index))
@@ -230,17 +286,26 @@ class StreamingParts:
                 self._submit_ahead(index, 0)
 
     def close(self) -> None:
-        """Stops fetching ahead: queued fetches are dropped, running ones stop at their next
-        chunk or before their next retry (their temporary files are removed)."""
+        """Stops fetching ahead (queued fetches are dropped, running ones stop at their next
+        chunk or before their next retry, their temporary files removed), releases every part
+        the reader still holds, and takes the reader out of its process's lease."""
         if self._pid != os.getpid():
             return
         with self._lock:
             pool, self._pool = self._pool, None
             self._reading.order, self._ahead = [], {}
             stopping, self._stopping = self._stopping, threading.Event()
+            held, self._held = self._held, {}
+            self._registered = False
         stopping.set()
         if pool is not None:
             pool.shutdown(wait=False, cancel_futures=True)
+        lease = budget.process_lease(self.root) if budget.has_process_lease(self.root) else None
+        if lease is not None:
+            for index, count in held.items():
+                for _ in range(count):
+                    lease.drop(self.item(index))
+            lease.forget(self._key)
 
     # -- fetching --------------------------------------------------------------------------
     def _announce(self) -> None:
@@ -338,7 +403,10 @@ class StreamingParts:
             # its access time, which orders eviction among parts no reader needs.
             return
         make_directories(self.directory)
-        with budget.fetch_lock(self.directory, self.file_names[index]):
+        # Waiting for another process's download of this part: the readers of this process
+        # wait holding nothing between reads (that process may be waiting for room).
+        on_wait = (lambda holder: budget.process_lease(self.root).give_up_idle()) if on_demand else None
+        with budget.fetch_lock(self.directory, self.file_names[index], on_wait=on_wait):
             if part_file_verified(target, part):
                 return
             for stale in self.directory.glob(f".{self.file_names[index]}{budget.TEMP_MARK}*"):
@@ -405,36 +473,59 @@ class StreamingParts:
         None (fetching ahead) when there is no room without evicting what is needed sooner."""
         part = self.manifest.parts[index]
         name = self.file_names[index]
-        if self.limit is None:
+        limit = self.limit
+        if limit is None:
             return budget.create_reservation(self.directory, name, part.size_bytes)
         if not on_demand and self._nearer_missing(index):
             return None  # the room goes to the parts needed first: fetched when they are here
         reserved: list[Path] = []
-        deadline = time.monotonic() + ROOM_WAIT_SECONDS
-        while True:
-            fits = budget.make_room(
+
+        def fits() -> bool:
+            return budget.make_room(
                 self.root,
                 part.size_bytes,
-                self.limit,
+                limit,
                 sooner_than=distance * self.scale if not on_demand else 0,
                 ahead=not on_demand,
                 before_release=lambda: reserved.append(
                     budget.create_reservation(self.directory, name, part.size_bytes)
                 ),
             )
-            if fits:
-                return reserved[0]
-            if not on_demand:
-                return None
-            if time.monotonic() > deadline:
-                raise NoSpaceError(
-                    f"local_cache_limit {format_size(self.limit)} has no room for part {name} "
-                    f"({format_size(part.size_bytes)}) of {self.manifest.dataset_id}:"
-                    f"{self.manifest.dataset_version} after {ROOM_WAIT_SECONDS:.0f} s: the rest is "
-                    f"held by live readers on this node or is the only copy of a cache; raise "
-                    f"local_cache_limit, or run fewer readers on this node"
-                )
-            time.sleep(_ROOM_POLL_SECONDS)
+
+        if fits():
+            return reserved[0]
+        if not on_demand:
+            return None
+        # No room: this process's readers give up what they hold between reads (no reader waits
+        # holding room it could free), and fetches ahead on the node wait until this one has room.
+        lease = budget.process_lease(self.root)
+        lease.set_waiting(+1)
+        try:
+            deadline = time.monotonic() + ROOM_WAIT_SECONDS
+            while True:
+                lease.give_up_idle()
+                if fits():
+                    return reserved[0]
+                if time.monotonic() > deadline:
+                    raise NoSpaceError(self._no_room_message(name, part.size_bytes))
+                time.sleep(_ROOM_POLL_SECONDS)
+        finally:
+            lease.set_waiting(-1)
+
+    def _no_room_message(self, name: str, size: int) -> str:
+        """Why a fetch found no room in ``ROOM_WAIT_SECONDS``: what the node holds, and for whom."""
+        live = budget.live_leases(self.root)
+        items = budget.local_items(self.root)
+        held = sum(item.size for item in items if item.item in live.held)
+        limit = min(self.limit, live.limit) if self.limit is not None and live.limit is not None else self.limit
+        return (
+            f"local_cache_limit {format_size(limit or 0)} has no room for part {name} "
+            f"({format_size(size)}) of {self.manifest.dataset_id}:{self.manifest.dataset_version} after "
+            f"{ROOM_WAIT_SECONDS:.0f} s: the node holds {format_size(sum(item.size for item in items))} under "
+            f"{self.root}, {format_size(held)} of it held by {live.processes} live process(es) "
+            f"(readers: {budget.describe_readers(live.readers) or 'none named'}) or the only copy of a cache; "
+            "raise local_cache_limit, or run fewer readers on this node"
+        )
 
     def _current_build(self) -> Optional[str]:
         """The build id published now (None: nothing is)."""
@@ -474,8 +565,7 @@ class StreamingParts:
                 "again to read the current build"
             )
         return CorruptCacheError(
-            f"{url} is missing although its manifest is published (deleted from the bucket?); "
-            "publish the cache again"
+            f"{url} is missing although its manifest is published (deleted from the bucket?); publish the cache again"
         )
 
 
@@ -538,4 +628,9 @@ def stream_cache(
         transfer_threads=store.transfer_threads,
     )
     make_directories(provider.directory)
+    # Named in this process's lease with its budget (the node's budget is the smallest a live
+    # reader names); refused now when the node's readers, this one among them, need more.
+    if limit is not None:
+        budget.check_node_minimum(store.local.root, provider._reader(True), limit)
+    provider.register(reads=False)
     return CacheReader(provider.directory, manifest, store.local.verify_mode, part_provider=provider)

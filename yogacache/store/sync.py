@@ -9,7 +9,6 @@ and verified, then swaps the directory in atomically; readers of the old copy ke
 
 from __future__ import annotations
 
-import logging
 import os
 import shutil
 import stat
@@ -18,6 +17,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Optional
 
+from yogacache import redaction
 from yogacache.backends.base import ObjectStore, ProgressCallback, is_disk_full
 from yogacache.errors import CacheNotFoundError, CorruptCacheError, NoSpaceError, YogaCacheError
 from yogacache.format.durability import fsync_path, replace_directory, temp_dir_for, write_file_durably
@@ -30,7 +30,7 @@ from yogacache.store.localroot import read_origin, write_origin
 from yogacache.store.publish import remote_manifest, where
 from yogacache.store.transfers import download_part, run_transfers
 
-log = logging.getLogger(__name__)
+log = redaction.get_logger(__name__)
 
 REPLACED_RETRIES = 3  # a build replaced while it downloads: the newer one is fetched, this often
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Optional, Union
 
+from yogacache import redaction
 from yogacache.backends.base import ObjectStore
 from yogacache.backends.registry import open_backend
 from yogacache.config import SharedFSConfig, StorageConfig, load_config_file, parse_config
@@ -31,7 +32,7 @@ class TargetLocation:
 
     directory: Optional[Path] = None
     url: Optional[str] = None
-    backend_options: Mapping[str, Any] = field(default_factory=dict)
+    backend_options: Mapping[str, Any] = field(default_factory=dict, repr=False)  # credentials
     config: Optional[StorageConfig] = None
 
     def open_backend(self) -> ObjectStore:
@@ -53,6 +54,12 @@ def parse_target(
     """
     if isinstance(target, (str, os.PathLike)):
         text = os.fspath(target)
+        if redaction.redact_text(text) != text:
+            raise ConfigError(
+                f"storage {redaction.describe(text)} carries a secret (a key, a signature or a password): "
+                "credentials go in a data_layer config (access_key/secret_key, connection_string, "
+                "account_url + credential) or the standard environment variables, not in a storage URL or path"
+            )
         if "://" in text:
             return TargetLocation(url=text, backend_options={"endpoint_url": endpoint_url})
         path = Path(text).expanduser()

@@ -17,7 +17,6 @@ and leaves them; they are daemon threads, so that they never hold the process at
 
 from __future__ import annotations
 
-import logging
 import os
 import queue
 import threading
@@ -26,6 +25,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Callable, Optional, TypeVar
 
+from yogacache import redaction
 from yogacache.backends.base import (
     CopyableObjectStore,
     ObjectStore,
@@ -40,7 +40,7 @@ from yogacache.format.durability import fsync_path
 from yogacache.format.integrity import new_digest, part_matches
 from yogacache.format.manifest import PartInfo
 
-log = logging.getLogger(__name__)
+log = redaction.get_logger(__name__)
 
 T = TypeVar("T")
 R = TypeVar("R")

@@ -15,11 +15,11 @@ a cache.mdb rewritten by YogaDL is converted again.
 
 from __future__ import annotations
 
-import logging
 import uuid
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional
 
+from yogacache import redaction
 from yogacache.errors import CacheNotFoundError, CorruptCacheError, YogaCacheError
 from yogacache.format.durability import fsync_path
 from yogacache.format.manifest import Manifest
@@ -39,7 +39,7 @@ from yogacache.read.reader import CacheReader
 from yogacache.store.base import RemoteStore, Store
 from yogacache.store.local import CacheStore
 
-log = logging.getLogger(__name__)
+log = redaction.get_logger(__name__)
 
 __all__ = ["fetch", "get_or_build", "legacy_location", "legacy_state", "migrate"]
 
