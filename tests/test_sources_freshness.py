@@ -37,8 +37,11 @@ def test_two_named_shards_beside_2500_unrelated_objects_cost_one_list(tmp_path: 
     client.put_object(Bucket=bucket, Key="data/a.tar", Body=tar_bytes({"a.txt": b"A"}))
     client.put_object(Bucket=bucket, Key="data/b.tar", Body=tar_bytes({"b.txt": b"B"}))
     # Beside them under their common prefix "data/": between the two in listing order, and after.
-    put_many(s3_server, bucket, [f"data/a.tar.{i:04d}.bak" for i in range(1250)]
-             + [f"data/c/{i:04d}.jpg" for i in range(1250)])
+    put_many(
+        s3_server,
+        bucket,
+        [f"data/a.tar.{i:04d}.bak" for i in range(1250)] + [f"data/c/{i:04d}.jpg" for i in range(1250)],
+    )
     urls = [f"s3://{bucket}/data/a.tar", f"s3://{bucket}/data/b.tar"]
     storage = tmp_path / "caches"
     with FaultProxy(s3_server.endpoint_url) as proxy:
@@ -67,15 +70,19 @@ def test_two_named_shards_beside_2500_unrelated_objects_cost_one_list(tmp_path: 
 
 
 @pytest.mark.slow
-def test_many_pinned_objects_beside_many_others_cost_one_list_per_1000(tmp_path: Path,
-                                                                       s3_server: S3Server) -> None:
+def test_many_pinned_objects_beside_many_others_cost_one_list_per_1000(tmp_path: Path, s3_server: S3Server) -> None:
     """1,200 pinned files (named by braces) between 1,300 unrelated objects of their prefix: two
     LISTs, however the pinned objects sit among the others; a prefix source beside them lists its
     own prefix only."""
     bucket = s3_server.new_bucket()
     put_many(s3_server, bucket, [f"d/f-{i:05d}.bin" for i in range(1200)])
-    put_many(s3_server, bucket, [f"d/e-{i:04d}" for i in range(600)] + [f"d/g-{i:04d}" for i in range(600)]
-             + [f"d/f-{i:05d}.bin.old" for i in range(0, 1200, 12)])  # 100 interleaved
+    put_many(
+        s3_server,
+        bucket,
+        [f"d/e-{i:04d}" for i in range(600)]
+        + [f"d/g-{i:04d}" for i in range(600)]
+        + [f"d/f-{i:05d}.bin.old" for i in range(0, 1200, 12)],
+    )  # 100 interleaved
     put_many(s3_server, bucket, [f"d/sub/{i:03d}.bin" for i in range(30)])
     with FaultProxy(s3_server.endpoint_url) as proxy:
         named = from_url(f"s3://{bucket}/d/f-{{00000..01199}}.bin", endpoint_url=proxy.url, format="files")
@@ -88,8 +95,9 @@ def test_many_pinned_objects_beside_many_others_cost_one_list_per_1000(tmp_path:
         assert len(proxy.log) == check.requests <= list_budget(1200) + 1200
         # A prefix source and a named object elsewhere in the bucket: the prefix is listed, not
         # the whole bucket (their common prefix is the bucket's root).
-        mixed = from_url([f"s3://{bucket}/d/sub/", f"s3://{bucket}/d/f-00005.bin"], endpoint_url=proxy.url,
-                         format="files")
+        mixed = from_url(
+            [f"s3://{bucket}/d/sub/", f"s3://{bucket}/d/f-00005.bin"], endpoint_url=proxy.url, format="files"
+        )
         mixed_pins = mixed.pins()
         proxy.clear_log()
         assert not check_pins(mixed_pins).changed
@@ -98,8 +106,9 @@ def test_many_pinned_objects_beside_many_others_cost_one_list_per_1000(tmp_path:
         assert check_pins(mixed_pins).changes == [f"s3://{bucket}/d/sub/new.bin: added"]
 
 
-def test_gcs_named_objects_beside_others_cost_one_list(gcs_server: GCSServer, tmp_path: Path,
-                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+def test_gcs_named_objects_beside_others_cost_one_list(
+    gcs_server: GCSServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     bucket = gcs_server.new_bucket()
     handle = gcs_server.client().bucket(bucket)
     handle.blob("data/a.tar").upload_from_string(tar_bytes({"a.txt": b"A"}))
@@ -121,3 +130,44 @@ def test_gcs_named_objects_beside_others_cost_one_list(gcs_server: GCSServer, tm
         handle.blob("data/b.tar").upload_from_string(tar_bytes({"b.txt": b"B2"}))
         changed = check_pins(ref.manifest.extra["sources"])
     assert len(changed.changes) == 1 and changed.changes[0].startswith(f"{urls[1]}: "), changed.changes
+
+
+def test_a_local_directory_source_notices_files_added_removed_and_changed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A local directory lists like any prefix: a file added after the import (beside the
+    others, in a subdirectory), one removed and one rewritten are each noticed, by ``verify
+    --source`` and by the freshness check of a cache hit; a sibling directory whose name starts
+    with the source's (``data`` and ``data2``) is not part of it."""
+    from yogacache import cli
+
+    data = tmp_path / "data"
+    (data / "sub").mkdir(parents=True)
+    (data / "a.txt").write_bytes(b"A")
+    (data / "sub" / "b.txt").write_bytes(b"B")
+    (tmp_path / "data2").mkdir()
+    (tmp_path / "data2" / "other.txt").write_bytes(b"not the source's")
+    storage = tmp_path / "caches"
+    ref = cache_from(storage, from_url(str(data), format="files"))
+    assert sorted(bytes(r["txt"]) for r in read_back(ref)) == [b"A", b"B"]
+    pins = ref.manifest.extra["sources"]
+    assert not check_pins(pins).changed
+    verify = ["verify", "--source", "src", "v1", "--storage", str(storage)]
+    assert cli.main(verify) == 0
+    assert "2 source object(s) unchanged" in capsys.readouterr().out
+    (tmp_path / "data2" / "new.txt").write_bytes(b"beside the source, not in it")
+    assert not check_pins(pins).changed
+
+    (data / "sub" / "c.txt").write_bytes(b"C")
+    assert check_pins(pins).changes == [f"{data}/sub/c.txt: added"]
+    assert cli.main(verify) == 1
+    assert f"{data}/sub/c.txt: added" in capsys.readouterr().err
+    with pytest.raises(SourceChangedError, match=r"sub/c\.txt: added"):
+        cache_from(storage, from_url(str(data), format="files"))
+
+    (data / "sub" / "c.txt").unlink()
+    (data / "a.txt").unlink()
+    assert check_pins(pins).changes == [f"{data}/a.txt: deleted"]
+    (data / "a.txt").write_bytes(b"A2")
+    changes = check_pins(pins).changes
+    assert len(changes) == 1 and changes[0].startswith(f"{data}/a.txt: size 1 -> 2"), changes

@@ -5,7 +5,7 @@ objects by LIST pages that start at each next pinned key (at most one per 1,000 
 one, whatever else lives beside them), HEADs what those pages do not reach and a single object,
 and compares ETag, size and generation with the pins (local files: size and modification time).
 An object pinned by ``version_id=`` is checked to still exist in that version. A prefix source
-also notices objects added under it.
+(a local directory too) also notices objects added under it.
 What a change does is the cache's ``on_source_change`` (or the caller's): raise, rebuild, warn
 or ignore. A check that cannot be made (the bucket unreachable) raises: it is never read as
 "unchanged".
@@ -59,7 +59,8 @@ def check_pins(pins: dict[str, Any], access: Optional[Accessors] = None) -> Sour
     an object there that is not pinned was added); the other pinned objects are found by LIST
     pages that start at the next pinned key not yet seen (``_walk``), at most one page per 1,000
     of them plus one, so whatever else lives beside them costs nothing; what those pages did not
-    reach, an object pinned by version, a single object and local files are HEADed."""
+    reach, an object pinned by version, a single object and local files outside a listed
+    directory are HEADed (a local directory is listed like any prefix)."""
     access = access or Accessors(pins.get("endpoint_url"))
     refs = [ref_from_pin(pin, parse_location(str(pin["url"]))) for pin in pins["objects"]]
     fixed = {str(pin["url"]) for pin in pins["objects"] if pin.get("fixed")}
@@ -70,13 +71,10 @@ def check_pins(pins: dict[str, Any], access: Optional[Accessors] = None) -> Sour
     prefixes = [parse_location(str(url)) for url in pins.get("prefixes", [])]
     for (scheme, bucket), members in groups.items():
         storage = access(members[0].location)
-        covering = _outermost([p for p in prefixes if p.scheme == scheme and p.bucket == bucket and scheme != "file"])
+        covering = _outermost([_as_prefix(p) for p in prefixes if p.scheme == scheme and p.bucket == bucket])
         current: dict[str, Optional[ObjectRef]] = {}
         by_head = [ref for ref in members if ref.url in fixed]
         listed = [ref for ref in members if ref.url not in fixed]
-        if scheme == "file":
-            by_head += listed
-            listed = []
         pinned = {ref.url for ref in listed}
         for prefix in covering:
             for listed_now in storage.list(prefix):
@@ -84,7 +82,7 @@ def check_pins(pins: dict[str, Any], access: Optional[Accessors] = None) -> Sour
                 if listed_now.url not in pinned and not listed_now.url.endswith("/"):
                     check.changes.append(f"{listed_now.url}: added")
         outside = [ref for ref in listed if not any(ref.name.startswith(p.key) for p in covering)]
-        if len(outside) == 1:
+        if len(outside) == 1 or scheme == "file":  # a local file outside a listed directory: a stat each
             by_head += outside
         elif outside:
             found, left = _walk(storage, scheme, bucket, outside)
@@ -92,8 +90,11 @@ def check_pins(pins: dict[str, Any], access: Optional[Accessors] = None) -> Sour
             by_head += left
         for ref in by_head:
             by_version = ref.url in fixed
-            current[ref.url] = storage.head(ref.location, version_id=ref.version_id if by_version else None,
-                                            generation=ref.generation if by_version else None)
+            current[ref.url] = storage.head(
+                ref.location,
+                version_id=ref.version_id if by_version else None,
+                generation=ref.generation if by_version else None,
+            )
         for ref in members:
             now = current.get(ref.url)
             differences = ref.differences(now)
@@ -101,6 +102,14 @@ def check_pins(pins: dict[str, Any], access: Optional[Accessors] = None) -> Sour
                 check.changes.append(f"{ref.url}: {', '.join(differences)}")
     check.requests = access.requests
     return check
+
+
+def _as_prefix(prefix: Location) -> Location:
+    """A listed prefix as a key prefix: a local directory (recorded as its path) ends in ``/``,
+    so that ``/data/a`` does not cover ``/data/ab``."""
+    if prefix.scheme != "file" or prefix.key.endswith("/"):
+        return prefix
+    return prefix.child(prefix.key + "/")
 
 
 def _outermost(prefixes: list[Location]) -> list[Location]:
@@ -113,8 +122,9 @@ def _outermost(prefixes: list[Location]) -> list[Location]:
     return [Location(prefixes[0].scheme, prefixes[0].bucket, key) for key in kept] if kept else []
 
 
-def _walk(storage: SourceStorage, scheme: str, bucket: str,
-          refs: list[ObjectRef]) -> tuple[dict[str, Optional[ObjectRef]], list[ObjectRef]]:
+def _walk(
+    storage: SourceStorage, scheme: str, bucket: str, refs: list[ObjectRef]
+) -> tuple[dict[str, Optional[ObjectRef]], list[ObjectRef]]:
     """The pinned objects ``refs`` as they are now (None: deleted), found by LIST pages of their
     common prefix, each starting at the first pinned key not yet seen: a page settles every
     pinned key up to its last key (listed, or deleted), so runs of other objects between pinned
@@ -212,8 +222,9 @@ def checked_manifest(
     if policy == "ignore":
         return manifest
     check = check_pins(pins)
-    log.debug("source check of %s:%s: %d objects, %d requests", dataset_id, dataset_version,
-              check.objects, check.requests)
+    log.debug(
+        "source check of %s:%s: %d objects, %d requests", dataset_id, dataset_version, check.objects, check.requests
+    )
     if not check.changed:
         return manifest
     message = describe_changes(dataset_id, dataset_version, check)
@@ -223,8 +234,12 @@ def checked_manifest(
         warnings.warn(message, UserWarning, stacklevel=4)
         log.warning("%s", message)
         return manifest
-    log.warning("rebuilding %s:%s: its source objects changed (%s)", dataset_id, dataset_version,
-                "; ".join(check.changes[:SHOWN_CHANGES]))
+    log.warning(
+        "rebuilding %s:%s: its source objects changed (%s)",
+        dataset_id,
+        dataset_version,
+        "; ".join(check.changes[:SHOWN_CHANGES]),
+    )
     current = store.manifest(dataset_id, dataset_version)
     if current.build_id != manifest.build_id:  # another process rebuilt it meanwhile
         pins = pins_of(current)
