@@ -112,9 +112,11 @@ class CountingStore:
         self._note("upload_file", key)
         self.inner.upload_file(path, key, progress)
 
-    def download_file(self, key: str, path: Path, progress: Optional[ProgressCallback] = None) -> None:
+    def download_file(
+        self, key: str, path: Path, progress: Optional[ProgressCallback] = None, *, size: Optional[int] = None
+    ) -> None:
         self._note("download_file", key)
-        self.inner.download_file(key, path, progress)
+        self.inner.download_file(key, path, progress, size=size)
 
     def list(self, prefix: str = "") -> list[ObjectInfo]:
         self._note("list", prefix)

@@ -50,7 +50,7 @@ SCENARIO = textwrap.dedent(
         if fill_on_first_download:
             inner_download = objects.download_file
             filled = []
-            def download_file(key, path, progress=None):
+            def download_file(key, path, progress=None, size=None):
                 if not filled:  # another process takes the free space, once
                     filled.append(key)
                     with open(filler, "wb") as handle:
@@ -59,7 +59,7 @@ SCENARIO = textwrap.dedent(
                                 handle.write(b"\\0" * 65536)
                         except OSError:
                             pass
-                inner_download(key, path, progress)
+                inner_download(key, path, progress, size=size)
             objects.download_file = download_file
         store = RemoteCacheStore(objects, Path(mount) / "root", transfer_threads=2, show_progress=False)
         entry = {}

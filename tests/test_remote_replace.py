@@ -116,11 +116,13 @@ class ReplacedMidDownload(CountingStore):
         super().__init__(inner)
         self.replace: Optional[Any] = replace
 
-    def download_file(self, key: str, path: Path, progress: Optional[ProgressCallback] = None) -> None:
+    def download_file(
+        self, key: str, path: Path, progress: Optional[ProgressCallback] = None, *, size: Optional[int] = None
+    ) -> None:
         if self.replace is not None:
             replace, self.replace = self.replace, None
             replace()
-        super().download_file(key, path, progress)
+        super().download_file(key, path, progress, size=size)
 
 
 def test_a_node_downloading_a_replaced_build_fetches_the_new_one(s3_server: Any, tmp_path: Path) -> None:

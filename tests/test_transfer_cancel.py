@@ -62,7 +62,9 @@ class SlowStore:
     def upload_file(self, path: Path, key: str, progress: Optional[ProgressCallback] = None) -> None:
         self.inner.upload_file(path, key, progress)
 
-    def download_file(self, key: str, path: Path, progress: Optional[ProgressCallback] = None) -> None:
+    def download_file(
+        self, key: str, path: Path, progress: Optional[ProgressCallback] = None, *, size: Optional[int] = None
+    ) -> None:
         with self._lock:
             self.started.append(key)
             if self.started_dir is not None:
@@ -78,7 +80,7 @@ class SlowStore:
                 with self._lock:
                     self.aborted.append(key)
                 raise
-        self.inner.download_file(key, path, progress)
+        self.inner.download_file(key, path, progress, size=size)
 
 
 def records(n: int = 400) -> list[dict[str, Any]]:

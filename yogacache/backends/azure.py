@@ -31,12 +31,14 @@ from yogacache.backends.base import (
     ObjectChecksum,
     ObjectInfo,
     ObjectPin,
+    ObjectSizeError,
     PinnedObjectStore,
     PinnedPage,
     ProgressCallback,
     RemoteError,
     RetryPolicy,
     ServerCopy,
+    SizedWriter,
     join_key,
 )
 from yogacache.errors import ConfigError
@@ -331,17 +333,40 @@ class AzureObjectStore(CopyableObjectStore, PinnedObjectStore):
 
         self._run("upload to", key, call)
 
-    def download_file(self, key: str, path: Path, progress: Optional[ProgressCallback] = None) -> None:
+    def download_file(
+        self, key: str, path: Path, progress: Optional[ProgressCallback] = None, *, size: Optional[int] = None
+    ) -> None:
+        """With ``size``, a ranged download of ``size + 1`` bytes into a ``SizedWriter``: a blob of
+        another size raises ObjectSizeError (its size asked of a HEAD) with at most ``size`` bytes
+        written."""
+
         def call() -> None:
             hook = _ProgressHook(progress)
+            ranged = {} if size is None else {"offset": 0, "length": size + 1}
             try:
-                download = self._blob(key).download_blob(
-                    max_concurrency=self.max_concurrency, progress_hook=hook if progress else None
-                )
+                try:
+                    download = self._blob(key).download_blob(
+                        max_concurrency=self.max_concurrency, progress_hook=hook if progress else None, **ranged
+                    )
+                except azexc.HttpResponseError as error:
+                    if size is None or _code(error) != "InvalidRange":
+                        raise
+                    # A range of an empty blob is unsatisfiable (416): the whole blob is empty.
+                    raise ObjectSizeError(self.url(key), size, 0) from None
                 with open(path, "wb") as handle:
-                    download.readinto(handle)
+                    if size is None:
+                        download.readinto(handle)
+                        return
+                    writer = SizedWriter(handle, self.url(key), size)
+                    download.readinto(writer)
+                    writer.check()
             except azexc.ResourceNotFoundError:
                 raise FileNotFoundError(f"{self.url(key)} does not exist") from None
+            except ObjectSizeError as error:
+                if error.actual is not None or size is None:
+                    raise
+                properties = self._properties(key)  # how large it is, for the message
+                raise ObjectSizeError(self.url(key), size, properties and int(properties.size)) from None
 
         self._run("download of", key, call)
 

@@ -23,7 +23,7 @@ from typing import Any, BinaryIO, Callable, Iterable, Iterator, NamedTuple, Opti
 from urllib.parse import urlparse
 
 from yogacache import redaction
-from yogacache.errors import ConfigError, YogaCacheError
+from yogacache.errors import ConfigError, CorruptCacheError, YogaCacheError
 
 log = redaction.get_logger(__name__)
 T = TypeVar("T")
@@ -36,6 +36,8 @@ DEFAULT_TRANSFER_THREADS = 4
 
 # Local errors no retry can cure: the disk is full, or a quota is exhausted.
 _DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
+# ... and this process may write no larger file (``ulimit -f``): a limit of this node, not the remote.
+_LOCAL_LIMITS = (*_DISK_FULL, errno.EFBIG)
 
 
 class RemoteError(YogaCacheError):
@@ -68,6 +70,28 @@ class ObjectChangedError(RemoteError):
 
 class TransferCancelled(YogaCacheError):
     """A transfer was stopped because its batch failed or was interrupted; never retried."""
+
+
+class ObjectSizeError(CorruptCacheError):
+    """An object holds another number of bytes than its reader knows it holds (a part's size in a
+    manifest: ``download_file(size=...)``) or allows (a small object's cap: ``read_capped``): an
+    integrity error, never retried (asking again returns the same object). ``actual`` is None
+    where only "more than ``expected``" is known; ``token`` is the object's version token where
+    one was read."""
+
+    def __init__(
+        self, url: str, expected: int, actual: Optional[int], *, token: Optional[str] = None, cap: bool = False
+    ) -> None:
+        if actual is None:
+            holds = f"more than {expected} bytes"
+        else:
+            holds = f"{actual} bytes"
+        bound = f"at most {expected}" if cap else f"{expected}"
+        super().__init__(f"{url} holds {holds}, where {bound} were expected")
+        self.url = url
+        self.expected = expected
+        self.actual = actual
+        self.token = token
 
 
 def is_disk_full(error: BaseException) -> bool:
@@ -127,11 +151,11 @@ class RetryPolicy:
                 raise TransferCancelled(f"{what} cancelled")
             try:
                 return call()
-            except (RemoteError, FileNotFoundError, TransferCancelled):
+            except (RemoteError, FileNotFoundError, TransferCancelled, ObjectSizeError):
                 raise  # answers, or a stop asked for: not failures
             except Exception as error:  # the backend's own exception types
-                if is_disk_full(error):
-                    raise  # this node's disk, not the remote: retrying cannot help
+                if isinstance(error, OSError) and error.errno in _LOCAL_LIMITS:
+                    raise  # this node's disk or limits, not the remote: retrying cannot help
                 if not is_transient(error) or attempt == self.attempts:
                     reason = redaction.redact_text(describe(error))
                     raise RemoteError(f"{what} failed after {attempt} attempt(s): {reason}", reason) from None
@@ -232,13 +256,73 @@ class ObjectStore(Protocol):
     def upload_file(self, path: Path, key: str, progress: Optional[ProgressCallback] = None) -> None:
         ...
 
-    def download_file(self, key: str, path: Path, progress: Optional[ProgressCallback] = None) -> None:
-        """Downloads to ``path`` (overwriting); FileNotFoundError when the object is absent."""
+    def download_file(
+        self, key: str, path: Path, progress: Optional[ProgressCallback] = None, *, size: Optional[int] = None
+    ) -> None:
+        """Downloads to ``path`` (overwriting); FileNotFoundError when the object is absent.
+
+        ``size``: the bytes the caller knows the object holds (a part's size in its manifest). An
+        object of another size raises ObjectSizeError, never retried, with no more than ``size``
+        of its bytes written (a ranged read of ``size + 1`` bytes, or the size asked first, and a
+        ``SizedWriter``): an object swapped for a larger one never fills the disk.
+        """
         ...
 
     def list(self, prefix: str = "") -> list[ObjectInfo]:
         """Every object whose key starts with ``prefix``."""
         ...
+
+
+def read_capped(objects: ObjectStore, key: str, max_bytes: int) -> Optional[tuple[bytes, str]]:
+    """The bytes and version token of a small object (a manifest, a lease), or None when it does
+    not exist: the one way a store reads a whole object. The read is ranged (``max_bytes + 1``
+    bytes), so an object larger than any real one of its kind never sits whole in memory; it
+    raises ObjectSizeError naming the object (with its token, so that it can still be replaced)."""
+    found = objects.read(key, max_bytes=max_bytes)
+    if found is not None and len(found[0]) > max_bytes:
+        raise ObjectSizeError(objects.url(key), max_bytes, None, token=found[1], cap=True)
+    return found
+
+
+class SizedWriter(io.RawIOBase):
+    """A file that a download of an object of known ``size`` writes into: each write is passed to
+    ``handle`` and counted (and reported to ``progress``), and one that would take it past
+    ``size`` bytes raises ObjectSizeError instead, unwritten; ``check`` says when fewer came.
+    Seeks pass through (parallel ranged downloads write each range at its offset)."""
+
+    def __init__(self, handle: Any, url: str, size: int, progress: Optional[ProgressCallback] = None) -> None:
+        self._handle = handle
+        self._url = url
+        self._size = size
+        self._progress = progress
+        self.written = 0
+
+    def writable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return bool(self._handle.seekable())
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        return int(self._handle.seek(offset, whence))
+
+    def tell(self) -> int:
+        return int(self._handle.tell())
+
+    def write(self, data: Any) -> int:
+        count = memoryview(data).nbytes
+        if self.written + count > self._size:
+            raise ObjectSizeError(self._url, self._size, None)
+        self._handle.write(data)
+        self.written += count
+        if self._progress is not None and count:
+            self._progress(count)
+        return count
+
+    def check(self) -> None:
+        """ObjectSizeError when the object ended before ``size`` bytes."""
+        if self.written != self._size:
+            raise ObjectSizeError(self._url, self._size, self.written)
 
 
 # Pinned reads (what object sources need)

@@ -146,11 +146,18 @@ class FileObjectStore(base.CopyableObjectStore, base.PinnedObjectStore):
             if temp.exists():
                 temp.unlink()
 
-    def download_file(self, key: str, path: Path, progress: Optional[ProgressCallback] = None) -> None:
+    def download_file(
+        self, key: str, path: Path, progress: Optional[ProgressCallback] = None, *, size: Optional[int] = None
+    ) -> None:
         source = self._path(key)
         if not source.is_file():
             raise FileNotFoundError(f"{self.url(key)} does not exist")
-        _copy(source, Path(path), progress)
+        if size is None:
+            _copy(source, Path(path), progress)
+            return
+        if source.stat().st_size != size:
+            raise base.ObjectSizeError(self.url(key), size, source.stat().st_size)
+        _copy(source, Path(path), progress, size=size, url=self.url(key))  # it may grow meanwhile
 
     def list(self, prefix: str = "") -> list[ObjectInfo]:
         found: builtins.list[ObjectInfo] = []
@@ -293,13 +300,19 @@ def _hard_link(source: Path, target: Path) -> bool:
     return True
 
 
-def _copy(source: Path, target: Path, progress: Optional[ProgressCallback]) -> None:
-    with open(source, "rb") as reader, open(target, "wb") as writer:
+def _copy(
+    source: Path, target: Path, progress: Optional[ProgressCallback], *, size: Optional[int] = None, url: str = ""
+) -> None:
+    """Copies ``source`` to ``target``; with ``size``, no more than that (``base.SizedWriter``)."""
+    with open(source, "rb") as reader, open(target, "wb") as handle:
+        writer = handle if size is None else base.SizedWriter(handle, url, size)
         while chunk := reader.read(_COPY_CHUNK):
             writer.write(chunk)
             if progress:
                 progress(len(chunk))
-        writer.flush()
-        os.fsync(writer.fileno())
+        if isinstance(writer, base.SizedWriter):
+            writer.check()
+        handle.flush()
+        os.fsync(handle.fileno())
 
 

@@ -227,15 +227,33 @@ class GCSObjectStore(base.CopyableObjectStore, base.PinnedObjectStore):
 
         self._run("upload to", key, call)
 
-    def download_file(self, key: str, path: Path, progress: Optional[ProgressCallback] = None) -> None:
+    def download_file(
+        self, key: str, path: Path, progress: Optional[ProgressCallback] = None, *, size: Optional[int] = None
+    ) -> None:
+        """With ``size``, a ranged download of ``size + 1`` bytes into a ``SizedWriter``: an object
+        of another size raises ObjectSizeError (its size asked of a HEAD) with at most ``size``
+        bytes written."""
+
         def call() -> None:
+            blob = self._blob(key)
             try:
                 with open(path, "wb") as handle:
-                    self._blob(key).download_to_file(
-                        _CountingWriter(handle, progress), retry=None, timeout=self.timeout
-                    )
+                    if size is None:
+                        blob.download_to_file(_CountingWriter(handle, progress), retry=None, timeout=self.timeout)
+                        return
+                    writer = base.SizedWriter(handle, self.url(key), size, progress)
+                    try:
+                        blob.download_to_file(writer, start=0, end=size, retry=None, timeout=self.timeout)
+                    except gexc.RequestRangeNotSatisfiable:
+                        pass  # an empty object (a range of it is unsatisfiable): fewer bytes than size
+                    writer.check()
             except gexc.NotFound:
                 raise FileNotFoundError(f"{self.url(key)} does not exist") from None
+            except base.ObjectSizeError as error:
+                if error.actual is not None or size is None:
+                    raise
+                blob.reload(retry=None, timeout=self.timeout)  # how large it is, for the message
+                raise base.ObjectSizeError(self.url(key), size, blob.size) from None
 
         self._run("download of", key, call)
 
@@ -384,8 +402,8 @@ class GCSObjectStore(base.CopyableObjectStore, base.PinnedObjectStore):
         # Not retried: the chunks are consumed; the caller starts the object over.
         try:
             call()
-        except (base.RemoteError, FileNotFoundError, TransferCancelled):
-            raise
+        except (base.RemoteError, FileNotFoundError, TransferCancelled, base.ObjectSizeError):
+            raise  # answers, a stop, or chunks that ran past the object's size: not upload failures
         except Exception as error:
             raise base.RemoteError(f"upload to {self.url(key)} failed: {self._describe(error)}") from None
 

@@ -31,7 +31,9 @@ try:
     import botocore.config
     import botocore.exceptions
     from boto3.s3.transfer import S3Transfer, TransferConfig
+    from s3transfer.exceptions import RetriesExceededError as S3TransferRetriesExceededError
     from s3transfer.manager import TransferManager
+    from s3transfer.subscribers import BaseSubscriber
 except ImportError as error:  # pragma: no cover - exercised only without boto3
     raise ImportError("S3 storage needs boto3: pip install 'yogacache[s3]'") from error
 
@@ -232,11 +234,27 @@ class S3ObjectStore(base.CopyableObjectStore, base.PinnedObjectStore):
 
         self._run("upload to", key, call)
 
-    def download_file(self, key: str, path: Path, progress: Optional[ProgressCallback] = None) -> None:
+    def download_file(
+        self, key: str, path: Path, progress: Optional[ProgressCallback] = None, *, size: Optional[int] = None
+    ) -> None:
+        """With ``size``, the HEAD that s3transfer would send is sent here: an object of another
+        size is refused before a byte is written, and the download is pinned to the version
+        that HEAD saw (``IfMatch`` on every GET), so it cannot grow meanwhile."""
+
         def call() -> None:
             try:
-                with self._transfers() as transfers:
-                    transfers.download_file(self.bucket, self._key(key), str(path), callback=progress)
+                if size is None:
+                    with self._transfers() as transfers:
+                        transfers.download_file(self.bucket, self._key(key), str(path), callback=progress)
+                    return
+                head = self._client.head_object(Bucket=self.bucket, Key=self._key(key))
+                if int(head["ContentLength"]) != size:
+                    raise base.ObjectSizeError(self.url(key), size, int(head["ContentLength"]))
+                known = _KnownObject(int(head["ContentLength"]), str(head["ETag"]), progress)
+                with TransferManager(self._client, self._transfer, executor_cls=_DaemonExecutor) as manager:
+                    manager.download(self.bucket, self._key(key), str(path), subscribers=[known]).result()
+            except S3TransferRetriesExceededError as error:
+                raise error.last_exception or error from None
             except botocore.exceptions.ClientError as error:
                 if _code(error) in _ABSENT:
                     raise FileNotFoundError(f"{self.url(key)} does not exist") from None
@@ -616,6 +634,24 @@ class _Body:
 
     def close(self) -> None:
         self._body.close()
+
+
+class _KnownObject(BaseSubscriber):
+    """Tells s3transfer the size and ETag of the object to download (from a HEAD already made),
+    so that it sends no HEAD of its own and pins every GET to that version; reports progress."""
+
+    def __init__(self, size: int, etag: str, progress: Optional[ProgressCallback]) -> None:
+        self._size = size
+        self._etag = etag
+        self._progress = progress
+
+    def on_queued(self, future: Any, **kwargs: Any) -> None:
+        future.meta.provide_transfer_size(self._size)
+        future.meta.provide_object_etag(self._etag)
+
+    def on_progress(self, future: Any, bytes_transferred: int, **kwargs: Any) -> None:
+        if self._progress is not None:
+            self._progress(bytes_transferred)
 
 
 class _DaemonExecutor:

@@ -53,7 +53,17 @@ def split_key(name: str) -> tuple[Optional[str], Optional[str]]:
 
 
 def check_name(name: str, where: str) -> str:
-    """``name`` if it is a safe relative key; CorruptSourceError otherwise (absolute, ``..``, NUL)."""
+    """``name`` if it is a safe relative key; CorruptSourceError otherwise (absolute, ``..``, NUL,
+    or not UTF-8: a key is UTF-8 text, and a name read with ``surrogateescape`` that holds bytes
+    of another encoding is refused, its bytes shown escaped, rather than cached under a guess)."""
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        raw = name.encode("utf-8", "surrogateescape")
+        raise CorruptSourceError(
+            f"{where}: member name {raw[:200]!r} is not UTF-8 (written in another encoding, such as "
+            "Latin-1); nothing was cached. Rename it in UTF-8 (convmv, or tar --format=pax) and build again"
+        ) from None
     parts = name.replace("\\", "/").split("/")
     if not name or name.startswith(("/", "\\")) or ".." in parts or "\0" in name or re.match(r"^[A-Za-z]:", name):
         raise CorruptSourceError(
@@ -94,6 +104,9 @@ class DecompressedStream:
 
     _STEP_OUTPUT = 4 << 20
     _LARGE = 1 << 20  # a read of at least this many bytes is assembled in a buffer of its own
+    # ... allocated whole up to this size, grown as bytes come past it: a header may declare more
+    # than the stream holds (a 74-byte archive declaring 1 GiB), and costs no more than this.
+    _PREALLOCATE = 16 << 20
 
     def __init__(self, raw: Any, chunk: int = 1 << 20) -> None:
         self._chunk = chunk
@@ -152,12 +165,13 @@ class DecompressedStream:
         return data
 
     def _read_large(self, size: int) -> bytes:
-        """``size`` bytes (fewer at the end of the stream) written into one buffer of that size
-        and returned without a copy: a large member is held once, not once in the buffer of
-        the stream and again as the bytes returned."""
+        """``size`` bytes (fewer at the end of the stream) written into one buffer (allocated
+        whole up to ``_PREALLOCATE``, grown past it as the bytes come) and returned without a
+        copy: a large member is held once, not once in the buffer of the stream and again as the
+        bytes returned."""
         out = io.BytesIO()
-        out.seek(size - 1)
-        out.write(b"\0")  # the whole size at once: no growing and copying
+        out.seek(min(size, self._PREALLOCATE) - 1)
+        out.write(b"\0")  # up to _PREALLOCATE at once: no growing and copying
         out.seek(0)
         with memoryview(self._buffer) as view:
             written = out.write(view[self._offset:])
@@ -173,8 +187,7 @@ class DecompressedStream:
                 self._buffer += piece[need:]
                 piece = piece[:need]
             written += out.write(piece)
-        if written < size:
-            out.truncate(written)
+        out.truncate(written)  # fewer came than the header declared (the read then fails)
         return out.getvalue()  # BytesIO hands over its buffer when it is exactly the value
 
 
@@ -286,6 +299,8 @@ def tar_members(
         for name, size, regular, reader in TarStream(DecompressedStream(stream)):
             member = name
             if not regular:
+                if size:  # an entry of a kind this reader does not know: skipped, but expanded all the same
+                    budget.take(size, where, name)
                 reader(size)
                 continue
             check_name(name, where)
@@ -296,6 +311,10 @@ def tar_members(
                 read()  # skipped by the consumer: the stream moves past its bytes
     except CorruptSourceError:
         raise
+    except UntrustedSizeError as error:
+        raise CorruptSourceError(
+            f"{where}: {error}; nothing was cached. Check or replace that object"
+        ) from None
     except EmptyArchiveError:
         raise CorruptSourceError(
             f"{where} is empty: it holds no tar data at all (not even the end-of-archive blocks), so it "
@@ -313,8 +332,22 @@ class EmptyArchiveError(tarfile.ReadError):
     """A tar stream of zero bytes (after decompression): an empty object, not an empty archive,
     which holds at least its end-of-archive blocks."""
 
+class UntrustedSizeError(tarfile.ReadError):
+    """A tar entry declares a size no reader may act on: negative (a base-256 field or a pax
+    record that lies), or more than an entry of its kind holds."""
+
+    def __init__(self, name: str, size: int, why: str) -> None:
+        super().__init__(f"entry {name[:200]!r} declares {size} bytes ({why})")
+
+
 _REGULAR = (b"0", b"\0", b"7")
-_PAX_LOCAL, _PAX_GLOBAL, _GNU_LONGNAME = b"x", b"g", b"L"
+# Hard and symbolic links, devices, directories, FIFOs: no data follows their header, whatever
+# size it declares (tarfile and GNU tar read them so); it is neither read nor skipped.
+_NO_DATA = (b"1", b"2", b"3", b"4", b"5", b"6")
+_PAX_LOCAL, _PAX_GLOBAL, _GNU_LONGNAME, _GNU_LONGLINK = b"x", b"g", b"L", b"K"
+_METADATA = (_PAX_LOCAL, _PAX_GLOBAL, _GNU_LONGNAME, _GNU_LONGLINK)
+MAX_HEADER_BYTES = 1 << 20  # the most a pax header or a GNU long name may hold (names are < 4 KiB)
+_SKIP_CHUNK = 1 << 20  # the data of an entry skipped is read in pieces this large, never held whole
 
 
 class TarStream:
@@ -322,7 +355,13 @@ class TarStream:
     ``webdataset.ShardWriter`` write them): each header is checked (its checksum) and parsed for
     name, size and type only, about five times faster than ``tarfile``'s stream mode, whose
     per-member header parsing dominated a shard's decoding. Yields ``(name, size, is_regular,
-    read)``; ``read(size)`` must be called once per entry and returns its data (padding skipped)."""
+    read)``; ``read(size)`` must be called once per entry and returns its data (padding skipped),
+    or, for an entry that is no regular file, skips it without holding it (and returns nothing).
+
+    Every read is bounded by what the header may declare: a negative size, or a pax header or
+    GNU long name larger than ``MAX_HEADER_BYTES``, raises UntrustedSizeError naming the entry;
+    links, directories, devices and FIFOs declare 0 bytes here whatever their header says; a
+    read asks for exactly the declared bytes, never "the rest of the stream"."""
 
     def __init__(self, stream: Any) -> None:
         self._stream = stream
@@ -340,6 +379,15 @@ class TarStream:
             self._exactly(padding)
         return data
 
+    def _skip(self, size: int) -> bytes:
+        """Moves past ``size`` bytes of data (and their padding), ``_SKIP_CHUNK`` at a time."""
+        left = size + (-size % _BLOCK)
+        while left:
+            step = min(left, _SKIP_CHUNK)
+            self._exactly(step)
+            left -= step
+        return b""
+
     def __iter__(self) -> Iterator[tuple[str, int, bool, Callable[[int], bytes]]]:
         pax: dict[str, str] = {}
         long_name: Optional[str] = None
@@ -355,18 +403,28 @@ class TarStream:
                 raise EOFError("the archive ends inside a header")
             _check_header(header)
             kind = header[156:157]
-            size = int(pax["size"]) if "size" in pax else _number(header[124:136])
-            if kind in (_PAX_LOCAL, _PAX_GLOBAL):
-                records = _parse_pax(self._data(size))
+            if kind in _METADATA:
+                size = _number(header[124:136])
+                if not 0 <= size <= MAX_HEADER_BYTES:
+                    why = "negative" if size < 0 else f"a pax or long-name header holds at most {MAX_HEADER_BYTES}"
+                    raise UntrustedSizeError(_header_name(header), size, why)
+                data = self._data(size)
                 if kind == _PAX_LOCAL:
-                    pax.update(records)
-                continue
-            if kind == _GNU_LONGNAME:
-                long_name = self._data(size).rstrip(b"\0").decode("utf-8", "surrogateescape")
-                continue
+                    pax.update(_parse_pax(data))
+                elif kind == _GNU_LONGNAME:
+                    long_name = data.rstrip(b"\0").decode("utf-8", "surrogateescape")
+                continue  # a global pax header, or a GNU long link name: nothing a key needs
+            size = int(pax["size"]) if "size" in pax else _number(header[124:136])
             name = pax.get("path") or long_name or _header_name(header)
             pax, long_name = {}, None
-            yield name, size, kind in _REGULAR, self._data
+            if size < 0:
+                raise UntrustedSizeError(name, size, "negative")
+            if kind in _NO_DATA:
+                yield name, 0, False, self._skip
+            elif kind in _REGULAR:
+                yield name, size, True, self._data
+            else:
+                yield name, size, False, self._skip
 
 
 def _check_header(header: bytes) -> None:

@@ -475,9 +475,18 @@ class ObjectSource:
         return record
 
     def _read_whole(self, ref: ObjectRef) -> bytes:
+        """The object's bytes, read up to one past its listed size (``ref.size``, budgeted):
+        an object that grew since it was listed is found so (``_file_record``), never read whole."""
         stream = self.access(ref.location).open_stream(ref)
         try:
-            return bytes(stream.read(-1))
+            pieces, left = [], ref.size + 1
+            while left > 0:
+                piece = bytes(stream.read(left))
+                if not piece:
+                    break
+                pieces.append(piece)
+                left -= len(piece)
+            return b"".join(pieces)
         finally:
             stream.close()
 

@@ -9,6 +9,13 @@ write conditional on that stale version, so exactly one node takes it over. A re
 says so in its body and is free at once. ``expires_at`` in the body is the holder's wall-clock
 guess, for people reading the object; no decision uses it.
 
+A lease's duration has a ceiling, ``MAX_LEASE_SECONDS``: a lease that claims more (``1e300``,
+infinity: a foreign or broken writer) is taken over once it stayed unchanged that long, and a
+lease this process holds may not claim more (ConfigError). A lease object is read capped
+(``MAX_LEASE_BYTES``) and its fields are checked in one place (``parse_lease``): one that is
+larger, not JSON, or whose fields have the wrong types is unreadable, and an unreadable lease is
+watched like any other (taken over once unchanged for the waiter's own duration).
+
 A holder also names its process in a way only its own node can check (boot id, pid namespace,
 pid and the process's start time, from ``/proc``). A waiter on the same node and in the same pid
 namespace that finds that process gone (killed, crashed) takes the lease over at once instead
@@ -30,8 +37,8 @@ from dataclasses import dataclass
 from typing import Callable, Optional, TypeVar
 
 from yogacache import redaction
-from yogacache.backends.base import ObjectStore
-from yogacache.errors import YogaCacheError
+from yogacache.backends.base import ObjectSizeError, ObjectStore, read_capped
+from yogacache.errors import ConfigError, YogaCacheError
 from yogacache.progress import waiting
 from yogacache.store.keys import LEASE_NAME as LEASE_NAME  # re-exported: where the lease lives
 
@@ -39,6 +46,24 @@ log = redaction.get_logger(__name__)
 
 T = TypeVar("T")
 DEFAULT_LEASE_SECONDS = 120.0  # a holder renews every third of it; a waiter takes over after it
+# The longest a lease lasts unrenewed, whatever it claims: a waiter takes over a lease it has
+# watched unchanged this long. A holder renews every third of its duration, so no holder needs
+# more; a lease claiming more (1e300 s) was written by something else, or is broken.
+MAX_LEASE_SECONDS = 3600.0
+# A lease object is a few hundred bytes of JSON: a larger one is not a lease, and is never read whole.
+MAX_LEASE_BYTES = 64 << 10
+_MAX_OWNER_CHARS = 200  # an owner is HOST:PID; a longer one is cut for messages
+
+
+def check_lease_seconds(seconds: float) -> float:
+    """``seconds`` if a lease may last that long unrenewed (more than 0, at most
+    ``MAX_LEASE_SECONDS``); ConfigError otherwise."""
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not 0 < seconds <= MAX_LEASE_SECONDS:
+        raise ConfigError(
+            f"lease_seconds must be a number of seconds above 0 and at most {MAX_LEASE_SECONDS:.0f} "
+            f"(MAX_LEASE_SECONDS, past which waiters take a lease over), not {seconds!r}"
+        )
+    return float(seconds)
 
 
 class BuildWaitTimeoutError(YogaCacheError, TimeoutError):
@@ -54,6 +79,61 @@ class LeaseState:
     duration: Optional[float] = None  # seconds the holder promised to renew within; None: not said
     released: bool = False
     process: Optional[dict[str, object]] = None  # the holder's process_identity(), if it said
+    unreadable: Optional[str] = None  # why the lease object could not be read (``parse_lease``)
+
+
+def _unreadable(token: str, why: str) -> LeaseState:
+    """An unreadable lease: watched like any other (it goes stale unless rewritten)."""
+    return LeaseState("?", "?", 0.0, token, unreadable=why)
+
+
+def _number(value: object) -> Optional[float]:
+    """``value`` as a float if it is a JSON number (not a bool), else None."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    try:
+        return float(value)
+    except OverflowError:  # an integer too large for a float
+        return math.inf if value > 0 else -math.inf  # type: ignore[operator]
+
+
+_PROCESS_FIELDS = {"boot_id": str, "pid_ns": int, "pid": int, "start": str}
+
+
+def parse_lease(data: bytes, token: str) -> LeaseState:
+    """The lease in ``data`` (version ``token``), every field checked here and only here.
+
+    ``owner`` and ``build_id`` are strings, ``expires_at`` a finite number (informational),
+    ``released`` a bool (absent: whether ``expires_at`` is 0), ``process`` a dict of the fields
+    ``process_identity`` writes (else it is ignored). ``duration``: missing, not a number, or not
+    above 0 means "not said" (the waiter's own duration applies); more than ``MAX_LEASE_SECONDS``
+    (infinity included) is read as that ceiling. Anything else makes the lease unreadable."""
+    try:
+        raw = json.loads(data)
+    except (ValueError, RecursionError):
+        return _unreadable(token, "not JSON")
+    if not isinstance(raw, dict):
+        return _unreadable(token, "not a JSON object")
+    owner, build_id = raw.get("owner"), raw.get("build_id")
+    expires_at = _number(raw.get("expires_at"))
+    released = raw.get("released", expires_at == 0.0)
+    if not isinstance(owner, str) or not isinstance(build_id, str):
+        return _unreadable(token, "owner and build_id must be strings")
+    if expires_at is None or not math.isfinite(expires_at):
+        return _unreadable(token, "expires_at must be a finite number")
+    if not isinstance(released, bool):
+        return _unreadable(token, "released must be true or false")
+    duration = _number(raw.get("duration"))
+    if duration is not None and not duration > 0:  # NaN and negative durations say nothing
+        duration = None
+    if duration is not None:
+        duration = min(duration, MAX_LEASE_SECONDS)
+    process = raw.get("process")
+    if not isinstance(process, dict) or any(
+        type(process.get(name)) is not kind for name, kind in _PROCESS_FIELDS.items()
+    ):
+        process = None
+    return LeaseState(owner[:_MAX_OWNER_CHARS], build_id, expires_at, token, duration, released, process)
 
 
 def _owner() -> str:
@@ -129,7 +209,7 @@ class Lease:
         self.objects = objects
         self.key = key
         self.build_id = build_id
-        self.duration = duration
+        self.duration = check_lease_seconds(duration)
         self.wall_clock = wall_clock  # only for the informational expires_at
         self.monotonic = monotonic
         self.token: Optional[str] = None
@@ -155,26 +235,15 @@ class Lease:
 
     @staticmethod
     def read(objects: ObjectStore, key: str) -> Optional[LeaseState]:
-        found = objects.read(key)
+        """The lease at ``key`` (``parse_lease``), None when there is none; read capped at
+        ``MAX_LEASE_BYTES`` (a larger object is unreadable, never read whole)."""
+        try:
+            found = read_capped(objects, key, MAX_LEASE_BYTES)
+        except ObjectSizeError as oversized:
+            return _unreadable(oversized.token or "", f"larger than {MAX_LEASE_BYTES} bytes")
         if found is None:
             return None
-        data, token = found
-        try:
-            raw = json.loads(data)
-            duration = raw.get("duration")
-            duration = float(duration) if duration is not None else None
-            if duration is not None and not (math.isfinite(duration) and duration > 0):
-                duration = None
-            expires_at = float(raw["expires_at"])
-            released = bool(raw.get("released", expires_at == 0.0))
-            process = raw.get("process")
-            return LeaseState(
-                str(raw["owner"]), str(raw["build_id"]), expires_at, token, duration, released,
-                process if isinstance(process, dict) else None,
-            )
-        except (ValueError, KeyError, TypeError, AttributeError, OverflowError):
-            # An unreadable lease is watched like any other: it goes stale unless rewritten.
-            return LeaseState("?", "?", 0.0, token)
+        return parse_lease(*found)
 
     def _is_stale(self, current: LeaseState) -> bool:
         """Whether this waiter has watched ``current``'s version stay unchanged for its duration."""
@@ -183,6 +252,13 @@ class Lease:
         now = self.monotonic()
         if self._watched is None or self._watched[0] != current.token:
             self._watched = (current.token, now)  # renewed (or new): start watching again
+            if current.unreadable is not None:
+                log.warning(
+                    "the build lease %s is unreadable (%s); it is taken over once unchanged for %.0f s",
+                    self.objects.url(self.key),
+                    current.unreadable,
+                    self.duration,
+                )
             return False
         duration = current.duration if current.duration is not None else self.duration
         return now - self._watched[1] >= duration

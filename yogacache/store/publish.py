@@ -20,7 +20,7 @@ import uuid
 from typing import Callable, ContextManager, Optional
 
 from yogacache import redaction
-from yogacache.backends.base import ObjectStore
+from yogacache.backends.base import ObjectSizeError, ObjectStore, read_capped
 from yogacache.errors import (
     CacheNotFoundError,
     CorruptCacheError,
@@ -55,22 +55,20 @@ def where(objects: ObjectStore, dataset_id: str, dataset_version: str) -> str:
 
 
 # -- reading the published manifest ---------------------------------------------------------
-def _read_capped(objects: ObjectStore, key: str) -> Optional[tuple[bytes, str]]:
-    """A manifest's bytes and version token, read with a cap (an oversized object never sits
-    whole in memory: its bytes come back longer than ``MAX_MANIFEST_BYTES``)."""
-    return objects.read(key, max_bytes=MAX_MANIFEST_BYTES)
-
-
 def read_published(objects: ObjectStore, dataset_id: str, dataset_version: str) -> Optional[tuple[Manifest, str]]:
     """The published manifest and its version token (one GET), or None when the cache is not
-    published; CorruptCacheError when it is larger than any real manifest or describes another
-    cache."""
+    published; CorruptCacheError when it is larger than any real manifest (``read_capped``: it
+    never sits whole in memory) or describes another cache."""
     key = keys.manifest_key(dataset_id, dataset_version)
-    found = _read_capped(objects, key)
+    try:
+        found = read_capped(objects, key, MAX_MANIFEST_BYTES)
+    except ObjectSizeError:
+        raise CorruptCacheError(
+            f"manifest {objects.url(key)} is larger than {MAX_MANIFEST_BYTES} bytes, more than any manifest; "
+            f"refused unread. Publish {dataset_id}:{dataset_version} again (it replaces the object)"
+        ) from None
     if found is None:
         return None
-    if len(found[0]) > MAX_MANIFEST_BYTES:
-        raise CorruptCacheError(f"manifest {objects.url(key)} is larger than {MAX_MANIFEST_BYTES} bytes")
     manifest = Manifest.from_bytes(found[0], objects.url(key))
     if (manifest.dataset_id, manifest.dataset_version) != (dataset_id, dataset_version):
         raise CorruptCacheError(
@@ -91,12 +89,13 @@ def published(objects: ObjectStore, dataset_id: str, dataset_version: str) -> tu
     (token, None) when one is there but cannot be read (oversized, corrupt, of a newer format,
     or describing another cache): it can still be replaced."""
     key = keys.manifest_key(dataset_id, dataset_version)
-    found = _read_capped(objects, key)
+    try:
+        found = read_capped(objects, key, MAX_MANIFEST_BYTES)
+    except ObjectSizeError as oversized:
+        return oversized.token, None
     if found is None:
         return None, None
     data, token = found
-    if len(data) > MAX_MANIFEST_BYTES:
-        return token, None
     try:
         manifest = Manifest.from_bytes(data, objects.url(key))
     except YogaCacheError:

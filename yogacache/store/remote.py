@@ -46,7 +46,7 @@ from yogacache.store.budget import hold_copy
 from yogacache.store.eviction import make_room_for_copy
 from yogacache.store.keys import LEASE_NAME as LEASE_NAME  # re-exported: where the lease lives
 from yogacache.store.lease import BuildWaitTimeoutError as BuildWaitTimeoutError  # re-exported
-from yogacache.store.lease import LeaseTimes, build_or_wait
+from yogacache.store.lease import LeaseTimes, build_or_wait, check_lease_seconds
 from yogacache.store.local import CacheStore
 from yogacache.store.localroot import LOCAL_CACHE_DIR as LOCAL_CACHE_DIR  # re-exported: the documented name
 from yogacache.store.localroot import ORIGIN_NAME as ORIGIN_NAME  # re-exported
@@ -104,7 +104,7 @@ class RemoteCacheStore:
             part_size_bytes=REMOTE_PART_SIZE if part_size_bytes is None else part_size_bytes,
             show_progress=show_progress,
         )
-        self.lease_seconds = lease_seconds
+        self.lease_seconds = check_lease_seconds(lease_seconds)
         self.poll_seconds = poll_seconds
         self.wait_timeout = wait_timeout
         self.transfer_threads = transfer_threads

@@ -40,7 +40,13 @@ from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
 from yogacache import redaction
-from yogacache.backends.base import DEFAULT_TRANSFER_THREADS, ObjectStore, TransferCancelled, stop_retries_when
+from yogacache.backends.base import (
+    DEFAULT_TRANSFER_THREADS,
+    ObjectStore,
+    TransferCancelled,
+    read_capped,
+    stop_retries_when,
+)
 from yogacache.config import PARTS_IN_FLIGHT
 from yogacache.errors import CacheReplacedError, ConfigError, CorruptCacheError, NoSpaceError
 from yogacache.format.durability import fsync_path
@@ -529,7 +535,7 @@ class StreamingParts:
 
     def _current_build(self) -> Optional[str]:
         """The build id published now (None: nothing is)."""
-        found = self.objects.read(self.manifest_key, max_bytes=MAX_MANIFEST_BYTES)
+        found = read_capped(self.objects, self.manifest_key, MAX_MANIFEST_BYTES)
         if found is None:
             return None
         return Manifest.from_bytes(found[0], self.objects.url(self.manifest_key)).build_id
@@ -548,6 +554,7 @@ class StreamingParts:
             self.object_keys[index],
             self.manifest.parts[index],
             temp,
+            cache=f"{self.manifest.dataset_id}:{self.manifest.dataset_version}",
             on_bytes=on_bytes,
             when_missing=lambda: self._missing(url),
             target=self.path(index),

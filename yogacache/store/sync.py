@@ -160,8 +160,8 @@ class LocalCopies:
             def fetch(part: PartInfo, on_bytes: ProgressCallback) -> None:
                 key = keys.part_key(remote, part)
                 download_part(
-                    self.objects, key, part, temp / part.name, on_bytes=on_bytes,
-                    when_missing=lambda: self._missing(remote, key),
+                    self.objects, key, part, temp / part.name, cache=f"{dataset_id}:{dataset_version}",
+                    on_bytes=on_bytes, when_missing=lambda: self._missing(remote, key),
                 )
 
             run_transfers(fetch, missing, threads=self.threads, add_bytes=progress.add)

@@ -17,6 +17,7 @@ and leaves them; they are daemon threads, so that they never hold the process at
 
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
 import threading
@@ -28,6 +29,7 @@ from typing import Any, Callable, Optional, TypeVar
 from yogacache import redaction
 from yogacache.backends.base import (
     CopyableObjectStore,
+    ObjectSizeError,
     ObjectStore,
     ProgressCallback,
     RemoteError,
@@ -133,28 +135,52 @@ def _join(threads: list[threading.Thread], seconds: float) -> None:
         thread.join(max(0.0, deadline - time.monotonic()))
 
 
+def part_size_error(part: PartInfo, cache: Optional[str], url: str, actual: Optional[int]) -> CorruptCacheError:
+    """The error for the object ``url`` of part ``part`` of ``cache`` (``ID:VERSION``, where
+    known) that holds ``actual`` bytes (None: more than the manifest says) where its manifest
+    says otherwise."""
+    holds = f"more than {part.size_bytes}" if actual is None else f"{actual}"
+    of = f" of {cache}" if cache else ""
+    return CorruptCacheError(
+        f"part {part.name}{of} at {url} holds {holds} bytes, but its manifest says "
+        f"{part.size_bytes}: the object was altered or swapped; refused (an integrity error, not "
+        "retried; nothing of it was kept). Publish the cache again"
+    )
+
+
 def download_part(
     objects: ObjectStore,
     key: str,
     part: PartInfo,
     temp: Path,
     *,
+    cache: str,
     on_bytes: Optional[ProgressCallback] = None,
     when_missing: Callable[[], BaseException],
     target: Optional[Path] = None,
 ) -> None:
-    """Downloads the part object ``key`` to ``temp`` and checks it against ``part`` (size and
-    content hash: CorruptCacheError naming the object when it differs); then makes it 0644 (as
-    the parts a build writes, whatever the umask) and durable, and renames it to ``target`` if
-    given (removing ``temp`` on any failure). An absent object raises ``when_missing()``."""
+    """Downloads the part object ``key`` of ``cache`` (``ID:VERSION``) to ``temp`` and checks it
+    against ``part``: an object of another size is refused as the download starts, or at the
+    manifest's size at the latest (``ObjectStore.download_file(size=...)``), so a part never
+    takes more of the disk than its manifest says; then its content hash. Either mismatch is a
+    CorruptCacheError naming the cache, the part and the object, never retried. Then the part is
+    made 0644 (as the parts a build writes, whatever the umask) and durable, and renamed to
+    ``target`` if given (removing ``temp`` on any failure). An absent object raises
+    ``when_missing()``."""
+    url = objects.url(key)
     try:
         try:
-            objects.download_file(key, temp, on_bytes)
+            objects.download_file(key, temp, on_bytes, size=part.size_bytes)
         except FileNotFoundError:
             raise when_missing() from None
-        if temp.stat().st_size != part.size_bytes or not part_matches(temp, part):
+        except ObjectSizeError as error:
+            raise part_size_error(part, cache, url, error.actual) from None
+        if temp.stat().st_size != part.size_bytes:
+            raise part_size_error(part, cache, url, temp.stat().st_size)
+        if not part_matches(temp, part):
             raise CorruptCacheError(
-                f"{objects.url(key)} does not match its manifest's size and hash (altered or swapped); refused"
+                f"part {part.name} of {cache} at {url} does not match its manifest's content hash "
+                "(altered or swapped); refused"
             )
         os.chmod(temp, 0o644)
         fsync_path(temp)
@@ -191,7 +217,9 @@ def stream_part(
     deletes the destination object). A stream that breaks part-way (the backend's retries spent)
     is started over, ``_STREAM_ATTEMPTS`` times in all."""
     for attempt in range(1, _STREAM_ATTEMPTS + 1):
-        hashed = HashedChunks(src.read_chunks(source_key), part.hash_name)
+        hashed = HashedChunks(
+            src.read_chunks(source_key), part.hash_name, size=part.size_bytes, url=src.url(source_key)
+        )
         sent = 0
 
         def counted(count: int) -> None:
@@ -201,6 +229,10 @@ def stream_part(
 
         try:
             dst.write_chunks(key, _prefetched(hashed), part.size_bytes, counted)
+        except ObjectSizeError as error:  # the source holds more than the part: stopped there
+            with contextlib.suppress(RemoteError):
+                dst.delete(key)
+            raise part_size_error(part, None, src.url(source_key), error.actual) from None
         except RemoteError as error:
             if attempt == _STREAM_ATTEMPTS:
                 raise
@@ -220,16 +252,21 @@ def stream_part(
 
 class HashedChunks:
     """Chunks passed through, the part's content hash (BLAKE3 or SHA-256), CRC32C and size
-    computed on the way."""
+    computed on the way. With ``size`` (the part's, as its manifest says), a chunk that takes
+    the object past it raises ObjectSizeError naming ``url``: no more of it is read or passed on."""
 
-    def __init__(self, chunks: Iterable[bytes], algorithm: str) -> None:
+    def __init__(self, chunks: Iterable[bytes], algorithm: str, *, size: Optional[int] = None, url: str = "") -> None:
         self._chunks = chunks
         self._content = new_digest(algorithm)
         self._crc32c = Crc32c()
+        self._limit = size
+        self._url = url
         self.size = 0
 
     def __iter__(self) -> Iterator[bytes]:
         for chunk in self._chunks:
+            if self._limit is not None and self.size + len(chunk) > self._limit:
+                raise ObjectSizeError(self._url, self._limit, None)
             self._content.update(chunk)
             self._crc32c.update(chunk)
             self.size += len(chunk)

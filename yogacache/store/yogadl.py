@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Optional
 
 from yogacache import redaction
+from yogacache.backends.base import ObjectSizeError
 from yogacache.errors import CacheNotFoundError, CorruptCacheError, YogaCacheError
 from yogacache.format.durability import fsync_path
 from yogacache.format.manifest import Manifest
@@ -148,7 +149,12 @@ class _DownloadedYogaDLSource:
         self.path = store.local.root / dataset_id / f".{dataset_version}.yogadl-{uuid.uuid4().hex[:8]}.mdb"
         self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o755)
         try:
-            store.objects.download_file(key, self.path)
+            try:
+                store.objects.download_file(key, self.path, size=state.size)  # never more than listed
+            except ObjectSizeError:
+                raise CorruptCacheError(
+                    f"{store.objects.url(key)} changed while it was downloaded; try again"
+                ) from None
             downloaded = LegacyFileState.of_file(self.path)
             if downloaded is None or downloaded.size != state.size:
                 raise CorruptCacheError(f"{store.objects.url(key)} changed while it was downloaded; try again")
