@@ -179,30 +179,41 @@ def unshuffled_mixture(sizes: Sequence[int], counts: Sequence[int], epochs: int)
 
 
 def mixture_order(manifests: Sequence[Any], counts: Sequence[int], stream_args: dict[str, Any],
-                  budget: Optional[int], epochs: int) -> list[list[int]]:
+                  budget: Optional[int], epochs: int,
+                  resumed: Optional[tuple[Optional[int], int]] = None) -> list[list[int]]:
     """Each epoch's mixed order (all ranks together: rank ``r`` of ``S`` reads positions
     ``c + r, c + r + S, ...`` after ``c`` consumed), in source indices: ``MixedOrder`` over each
     component's own order (its shuffle mode over its parts, fitted to its share of the node
     budget as a streamed mixture fits it), from the manifests alone -- no reader, pipeline or
-    consumer."""
+    consumer. ``resumed=(budget_a, c)``: epoch 0's first ``c`` positions were read under
+    ``budget_a`` and the rest resumed from the state there under ``budget`` (the windows the
+    state names honoured; ``check_mixture_contract`` then checks the passes stay whole)."""
     from yogacache.read.layout import PartLayout
     from yogacache.read.mixture import MixtureSchedule
     from yogacache.read.options import ReadOptions
 
-    args = {**stream_args, "shard_rank": 0, "num_shards": 1, "start_offset": 0, "resume_state": None}
-    options = ReadOptions.from_stream_args(**args)
-    schedule = MixtureSchedule(
-        [f"{m.dataset_id}:{m.dataset_version}" for m in manifests],
-        [m.num_records for m in manifests],
-        counts,
-        [PartLayout.from_manifest(m) for m in manifests],
-        options,
-        budget_bytes=budget,
-    )
+    def schedule_of(budget: Optional[int], state: Optional[dict[str, Any]] = None) -> Any:
+        args = {**stream_args, "shard_rank": 0, "num_shards": 1, "start_offset": 0, "resume_state": state}
+        return MixtureSchedule(
+            [f"{m.dataset_id}:{m.dataset_version}" for m in manifests],
+            [m.num_records for m in manifests],
+            counts,
+            [PartLayout.from_manifest(m) for m in manifests],
+            ReadOptions.from_stream_args(**args),
+            budget_bytes=budget,
+        )
+
+    schedule = schedule_of(budget)
+    first: Optional[np.ndarray] = None
+    if resumed is not None:
+        before = schedule_of(resumed[0])
+        schedule = schedule_of(budget, before.state((0, 0), resumed[1]))
+        first = np.concatenate([before.mixed.records(0, np.arange(resumed[1])),
+                                schedule.mixed.records(0, np.arange(resumed[1], sum(counts)))])
     offsets = np.cumsum([0] + [m.num_records for m in manifests])
     out = []
     for e in range(epochs):
-        mixed = schedule.mixed.records(e, np.arange(sum(counts)))
+        mixed = first if e == 0 and first is not None else schedule.mixed.records(e, np.arange(sum(counts)))
         component = np.searchsorted(offsets, mixed, side="right") - 1
         out.append([int(k * MIX_FIRST + m - offsets[k]) for k, m in zip(component.tolist(), mixed.tolist())])
     return out

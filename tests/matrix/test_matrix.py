@@ -17,6 +17,10 @@ Per cell:
   but resumes with three ranks (every remaining record exactly once, then whole epochs);
   ``legacy`` is ``mid`` with the state's ``parts_order`` dropped, as the release before the
   ``"parts"`` order's lead wrote it (the rest of the epoch in that order, exactly once);
+  ``changed`` is ``mid`` with the first records read on a node of another budget (four parts,
+  streamed, where the store streams: a narrower ``"parts"`` window, which the resume honours:
+  the rest of the epoch exactly once) and the state resumed with a shuffle flag changed
+  refused, naming it (issue 33: a resume is exact or refused);
 - **delivery** (on the measured node): a whole sync downloads the cache once; streaming
   without a budget fetches each part exactly once; streaming under half the cache stays under
   the budget, fetches every part, and -- for orders made to stream (``none``, ``parts``) read
@@ -331,6 +335,32 @@ def read_partially(
     return read, states[0]
 
 
+def changed_node(built: Any, delivery: str, budget: Optional[int]) -> tuple[str, Optional[int]]:
+    """(delivery, budget) of the node a ``changed`` cell reads its first records on: streamed
+    under ``budget``, another than the cell's, where the store streams (a mirror does not: the
+    cell's own delivery)."""
+    if built.store not in REMOTE or built.made == "mirror":
+        return delivery, None
+    return ("stream-half", budget) if budget is not None else ("stream-full", None)
+
+
+def check_changed_refused(where: str, source: Any, order: Order, shards: int, state: dict[str, Any]) -> None:
+    """A state resumed with a shuffle flag changed is refused, naming the setting and both values
+    (``skip_shuffle_at_epoch_end`` for a shuffled order, ``shuffle`` for an unshuffled one)."""
+    from yogacache.errors import ResumeStateError
+
+    kwargs = stream_kwargs(order, 0, shards, 0, state)
+    if order.shuffle:
+        kwargs["skip_shuffle_at_epoch_end"] = True
+        said = r"saved with reshuffle_each_epoch=True .*, this (reader|mixture) has reshuffle_each_epoch=False"
+    else:
+        kwargs.update(shuffle=True, shuffle_seed=src.SEED)
+        said = r"saved with shuffle=False, this (reader|mixture) has shuffle=True"
+    with pytest.raises(ResumeStateError, match=said):
+        _ref(source).stream(**kwargs)
+    print(f"{where}: refused as it should be")
+
+
 class PeakSampler:
     """The most bytes the node's streamed parts (temporary files included) held while it read,
     in one directory or several (a mixture's components) together."""
@@ -379,12 +409,20 @@ def test_cell(cell: Cell, world: World, request: pytest.FixtureRequest, tmp_path
     before: list[list[int]] = [[] for _ in range(shards)]
     start_offset, resume = 0, None
     if cell.start != "zero":
-        store_a = node_store(world, built, tmp_path / "node-a", cell.delivery)
+        delivery_a, limit_a = cell.delivery, None
+        if cell.start == "changed":
+            # Four of its largest parts: a "parts" window of 1 (2w + 1 parts kept), narrower
+            # than any the cell's budget (half the cache) or none fits.
+            largest = max(part.size_bytes for part in built.manifest.parts)
+            delivery_a, limit_a = changed_node(built, cell.delivery, 4 * largest)
+        store_a = node_store(world, built, tmp_path / "node-a", delivery_a, limit_a)
         readers = [store_a.open(built.dataset_id, "v1") for _ in range(shards)]
         records = max(1, (n // shards) // 3)
         before, resume = read_partially(readers, order, shards, records, legacy=cell.start == "legacy")
         if cell.start == "legacy":  # as the release before the lead wrote it
             assert resume is not None and resume.pop("parts_order") == 1
+        if cell.start == "changed":
+            check_changed_refused(f"[{cell.id}]", readers[0], order, shards, resume)
         if order.mode == "shard":
             start_offset, resume = records, None
         for reader in readers:
@@ -640,16 +678,27 @@ def mixture_cell(cell: Cell, world: World, request: pytest.FixtureRequest, tmp_p
     if not order.shuffle:
         assert oracle == src.unshuffled_mixture(sizes, counts, EPOCHS), f"{where}: the unshuffled mixed order"
 
-    # Phase 1 (mid, elastic): two ranks read part of epoch 0 on node "a".
+    # Phase 1 (mid, elastic, changed): two ranks read part of epoch 0 on node "a".
     before: list[list[int]] = [[] for _ in range(shards)]
     consumed, resume = 0, None
     if cell.start != "zero":
-        store_a = node_store(world, components[0], tmp_path / "node-a", cell.delivery, limit)
+        delivery_a, limit_a = cell.delivery, limit
+        if cell.start == "changed":  # another budget: half of the bytes, or none under half
+            delivery_a, limit_a = changed_node(components[0], cell.delivery, None if limit else total_bytes // 2)
+            if limit_a != limit:
+                manifests = [built.manifest for built in components]
+                records = max(1, (sum(counts) // shards) // 3)
+                oracle = src.mixture_order(manifests, counts, stream_kwargs(order, 0, 1), limit, EPOCHS,
+                                           resumed=(limit_a, shards * records))
+                src.check_mixture_contract(oracle, sizes, counts, shuffled=order.shuffle)
+        store_a = node_store(world, components[0], tmp_path / "node-a", delivery_a, limit_a)
         mixtures = [open_mixture(store_a, components) for _ in range(shards)]
         assert [list(m.counts) for m in mixtures] == [counts] * shards, f"{where}: counts {mixtures[0].counts}"
         records = max(1, (sum(counts) // shards) // 3)
         before, resume = read_partially(mixtures, order, shards, records)
         assert resume["mode"] == "mixture" and resume["consumed"] == shards * records, f"{where}: {resume}"
+        if cell.start == "changed":
+            check_changed_refused(where, mixtures[0], order, shards, resume)
         consumed = shards * records
         for mixture in mixtures:
             mixture.close()
