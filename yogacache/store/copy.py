@@ -251,16 +251,6 @@ def add_checksums(
 
     The CRC32C is the one the store computes (GCS always has it; an S3 object without one is
     copied onto itself with CRC32C, server-side; a directory computes it); only where the store
-def _remove_parts(dst: CacheLocation, manifest: Manifest) -> None:
-    """Deletes the part objects of ``manifest`` at ``dst`` (a refused copy's): with the
-    destination's lease held and no manifest naming them, they are nobody's."""
-    for part in manifest.parts:
-        try:
-            dst.objects.delete(dst.part_key(manifest, part))
-        except RemoteError as error:
-            log.warning("could not delete %s (%s)", dst.url(dst.part_key(manifest, part)), error)
-
-
     cannot is the part read, and then its content hash is checked on the way. Where the store refuses
     (a read-only bucket) the part keeps no CRC32C here, with a warning. The manifest is
     rewritten conditionally on the version read, with the same build id and creation time: nodes
@@ -290,7 +280,9 @@ def _remove_parts(dst: CacheLocation, manifest: Manifest) -> None:
             )
         if reported.crc32c is not None:
             return replace(part, crc32c=reported.crc32c)
-        hashed = HashedChunks(location.objects.read_chunks(part_key), part.hash_name)
+        hashed = HashedChunks(
+            location.objects.read_chunks(part_key), part.hash_name, size=part.size_bytes, url=location.url(part_key)
+        )
         for _ in hashed:
             pass
         if hashed.digest != part.digest or hashed.size != part.size_bytes:
@@ -389,20 +381,19 @@ def _copy_part(
         )
     if dst.objects.copy_from(src.objects, source_key, key, size=part.size_bytes, crc32c=expected, progress=on_bytes):
         after = dst.objects.checksum(key)
-        if after is not None and after.size == part.size_bytes and after.crc32c is None:
-            # The copy carries no CRC32C: the source object was not written by yogacache (Azure
-            # keeps ours in metadata that another writer replaces) or S3 composed one. Nothing
-            # vouches for its bytes: it is streamed instead, its content hash checked on the way.
-            log.info("part %s copied to %s carries no CRC32C; streaming it to check it", part.name, dst.url(key))
-            dst.objects.delete(key)
-            on_bytes(-part.size_bytes)
-        else:
-            if after is not None and after.crc32c not in (None, expected):
-                after = _read_back(dst, key, part, after.crc32c, expected, report, lock)
-            _check_copied(dst, key, part, after, expected)
-            with lock:
-                report.copied_server_side.append(part.name)
-            return part
+        if expected is None:
+            found = src.objects.checksum(source_key)
+            expected = found.crc32c if found is not None else None
+        if expected is None and after is not None:
+            # Neither end kept a CRC32C of the source: the one the destination computed while
+            # copying bytes it never sent us is recorded (the content hash stays the end-to-end check).
+            expected = after.crc32c
+        if expected is not None and after is not None and after.crc32c not in (None, expected):
+            after = _read_back(dst, key, part, after.crc32c, expected, report, lock)
+        _check_copied(dst, key, part, after, expected)
+        with lock:
+            report.copied_server_side.append(part.name)
+        return replace(part, crc32c=expected)
     computed = stream_part(src.objects, dst.objects, source_key, key, part, on_bytes)
     if expected is not None and computed != expected:
         raise CorruptCacheError(
@@ -429,7 +420,7 @@ def _read_back(
     manifest's ``expected``: the part is read back and checked here (size, content hash, CRC32C).
     CorruptCacheError when its bytes differ; else the endpoint computes another checksum under
     CRC32C's name, and the part's true checksum is returned (``copy_cache`` says so once)."""
-    hashed = HashedChunks(dst.objects.read_chunks(key), part.hash_name)
+    hashed = HashedChunks(dst.objects.read_chunks(key), part.hash_name, size=part.size_bytes, url=dst.url(key))
     crc32 = 0
     for chunk in hashed:
         crc32 = zlib.crc32(chunk, crc32)
