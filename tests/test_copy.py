@@ -263,6 +263,47 @@ def test_a_damaged_source_part_is_refused_and_nothing_is_published(
     assert target.objects.checksum(key) is None  # the bad copy was deleted
 
 
+@pytest.mark.parametrize("kind", ["azure", "s3", "gcs"])
+def test_a_source_part_rewritten_by_another_tool_is_refused_by_a_server_side_copy(
+    kind: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    """A part rewritten in place by another tool (same size, one byte changed) under a manifest
+    that carries CRC32Cs: a copy within one service is refused, naming the part; nothing is
+    published and no part object is left at the destination. On Azure the copy carries no CRC32C
+    at all (the other writer replaced the blob's metadata): it is not taken on trust."""
+    source, target = Place(kind, request, tmp_path), Place(kind, request, tmp_path)
+    original = publish(source, tmp_path, crc32c=True)
+    victim = original.parts[2]
+    key = f"ds/v1/{original.build_id}-{victim.name}"
+    data = bytearray(source.raw_get(key))
+    data[len(data) // 3] ^= 0x01
+    source.raw_put(key, bytes(data))
+    with pytest.raises(CorruptCacheError, match=rf"part {victim.name}\b.*nothing was published"):
+        copy_cache(source.objects, target.objects, "ds", "v1", show_progress=False)
+    assert target.objects.read(f"ds/v1/{MANIFEST_NAME}") is None
+    assert [info.key for info in target.objects.list("ds/v1/") if "-part-" in info.key] == []
+
+
+def test_an_azure_part_rewritten_with_the_same_bytes_is_checked_and_copied(
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    """The same bytes put back by another tool: the blob lost the CRC32C yogacache keeps in its
+    metadata, so the copy within the account streams that part, checks its content hash, and
+    publishes it with its CRC32C; the destination then verifies from its own checksums."""
+    source, target = Place("azure", request, tmp_path), Place("azure", request, tmp_path)
+    original = publish(source, tmp_path, crc32c=True)
+    victim = original.parts[1]
+    key = f"ds/v1/{original.build_id}-{victim.name}"
+    source.raw_put(key, source.raw_get(key))  # same bytes, written by another client
+    assert source.objects.checksum(key).crc32c is None
+    report = copy_cache(source.objects, target.objects, "ds", "v1", show_progress=False)
+    assert report.published and report.streamed == [victim.name]
+    assert sorted(report.copied_server_side) == sorted(p.name for p in original.parts if p.name != victim.name)
+    assert check_copy(target.objects, "ds", "v1") == []
+    reader = node(target.objects, tmp_path / "reader").open("ds", "v1")
+    assert reader_keys(reader) == expected_keys(N)
+
+
 def test_another_build_at_the_destination_is_refused_unless_replacing(
     request: pytest.FixtureRequest, tmp_path: Path
 ) -> None:

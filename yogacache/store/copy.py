@@ -9,9 +9,13 @@ syncing from the destination sees the same build as one syncing from the source.
 2. Per part, in parallel: a destination object of the right size whose CRC32C (as the
    destination reports it, no bytes read) equals the manifest's is kept (this is what makes an
    interrupted copy resumable). Otherwise the part is copied server-side where both ends are on
-   one service (S3 CopyObject / UploadPartCopy within one endpoint, GCS rewrite), else streamed
-   through this process without touching its disk, its content hash and CRC32C computed on the way.
-3. Every copied part's destination CRC32C is compared with the expected one.
+   one service (S3 CopyObject / UploadPartCopy within one endpoint, GCS rewrite, Azure Copy
+   Blob) and its CRC32C is known, else streamed through this process without touching its disk,
+   its content hash and CRC32C computed on the way.
+3. Every copied part's destination CRC32C is compared with the expected one. A server-side copy
+   that carries no CRC32C (an Azure blob another tool rewrote keeps none) is not taken on trust:
+   the part is streamed instead, its content hash checked. A part that does not match its
+   manifest refuses the copy, naming the part; the parts this copy wrote are deleted.
 4. The manifest, with each part's CRC32C added, is created conditionally (``If-None-Match`` /
    ``ifGenerationMatch=0``), or replaces exactly the build seen in step 1: of two concurrent
    copies one publishes and the other finds the same build published.
@@ -184,7 +188,11 @@ def _destination_lease(dst: CacheLocation, manifest: Manifest) -> ContextManager
             dataset_id, dataset_version, on_wait=waiter(dataset_id, dataset_version)
         )
     return publish.holding_lease(
-        dst.objects, dataset_id, dataset_version, LeaseTimes(DEFAULT_LEASE_SECONDS), build_id=manifest.build_id,
+        dst.objects,
+        dataset_id,
+        dataset_version,
+        LeaseTimes(DEFAULT_LEASE_SECONDS),
+        build_id=manifest.build_id,
         doing="copying",
     )
 
@@ -215,7 +223,12 @@ def _copy_holding_lease(
                 f"{dst.url(dst.cache_key(dataset_id, dataset_version))} holds {what}; a shared_fs "
                 "cache is not replaced in place under its readers: remove it first (yogacache rm)"
             )
-    parts = _copy_parts(src, dst, manifest, report, threads=threads, show_progress=show_progress)
+    try:
+        parts = _copy_parts(src, dst, manifest, report, threads=threads, show_progress=show_progress)
+    except CorruptCacheError:
+        if not same:  # refused: no manifest names this build's parts at the destination
+            _remove_parts(dst, manifest)
+        raise
     _say_read_back(dst, report)
     copied = replace(manifest, parts=parts)
     if same:
@@ -236,6 +249,16 @@ def _copy_holding_lease(
     if existing is not None and existing.build_id != manifest.build_id and dst.build_prefixed:
         report.replaced_build = existing.build_id
         publish.delete_build_parts(dst.objects, dataset_id, dataset_version, existing.build_id)
+
+
+def _remove_parts(dst: CacheLocation, manifest: Manifest) -> None:
+    """Deletes the part objects of ``manifest`` at ``dst`` (a refused copy's): with the
+    destination's lease held and no manifest naming them, they are nobody's."""
+    for part in manifest.parts:
+        try:
+            dst.objects.delete(dst.part_key(manifest, part))
+        except RemoteError as error:
+            log.warning("could not delete %s (%s)", dst.url(dst.part_key(manifest, part)), error)
 
 
 def add_checksums(
@@ -364,36 +387,37 @@ def _copy_part(
     listed: dict[str, int],
 ) -> PartInfo:
     source_key, key = src.part_key(manifest, part), dst.part_key(manifest, part)
-    expected = part.crc32c
+    expected = part.crc32c  # None only where the source could not compute one (add_checksums)
     present = dst.objects.checksum(key) if listed.get(key) == part.size_bytes else None
-    if expected is None and present is not None and present.size == part.size_bytes:
-        # A cache from before CRC32C was kept: the source's own checksum, where it has one.
-        found = src.objects.checksum(source_key)
-        expected = found.crc32c if found is not None else None
     if present is not None and present.size == part.size_bytes and expected and present.crc32c == expected:
         with lock:
             report.kept.append(part.name)
         on_bytes(part.size_bytes)
-        return replace(part, crc32c=expected)
+        return part
     if present is not None:
         log.info(
             "part %s at %s differs from the source (or cannot be checked); copying it again", part.name, dst.url(key)
         )
-    if dst.objects.copy_from(src.objects, source_key, key, size=part.size_bytes, crc32c=expected, progress=on_bytes):
+    # A server-side copy is verified by the checksum the destination computes, so it needs the
+    # CRC32C to compare with; without one, the part is streamed and its content hash checked.
+    if expected is not None and dst.objects.copy_from(
+        src.objects, source_key, key, size=part.size_bytes, crc32c=expected, progress=on_bytes
+    ):
         after = dst.objects.checksum(key)
-        if expected is None:
-            found = src.objects.checksum(source_key)
-            expected = found.crc32c if found is not None else None
-        if expected is None and after is not None:
-            # Neither end kept a CRC32C of the source: the one the destination computed while
-            # copying bytes it never sent us is recorded (the content hash stays the end-to-end check).
-            expected = after.crc32c
-        if expected is not None and after is not None and after.crc32c not in (None, expected):
-            after = _read_back(dst, key, part, after.crc32c, expected, report, lock)
-        _check_copied(dst, key, part, after, expected)
-        with lock:
-            report.copied_server_side.append(part.name)
-        return replace(part, crc32c=expected)
+        if after is not None and after.size == part.size_bytes and after.crc32c is None:
+            # The copy carries no CRC32C: the source object was not written by yogacache (Azure
+            # keeps ours in metadata that another writer replaces) or S3 composed one. Nothing
+            # vouches for its bytes: it is streamed instead, its content hash checked on the way.
+            log.info("part %s copied to %s carries no CRC32C; streaming it to check it", part.name, dst.url(key))
+            dst.objects.delete(key)
+            on_bytes(-part.size_bytes)
+        else:
+            if after is not None and after.crc32c not in (None, expected):
+                after = _read_back(dst, key, part, after.crc32c, expected, report, lock)
+            _check_copied(dst, key, part, after, expected)
+            with lock:
+                report.copied_server_side.append(part.name)
+            return part
     computed = stream_part(src.objects, dst.objects, source_key, key, part, on_bytes)
     if expected is not None and computed != expected:
         raise CorruptCacheError(
