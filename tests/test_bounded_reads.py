@@ -21,8 +21,10 @@ import io
 import json
 import logging
 import os
+import struct
 import tarfile
 import tracemalloc
+import zipfile
 from pathlib import Path
 from typing import Any, Callable, Optional
 
@@ -469,6 +471,28 @@ def test_unknown_entry_kinds_are_skipped_in_pieces_and_budgeted(tmp_path: Path) 
     assert peak < 24 << 20, f"skipping a 64 MiB entry held {peak >> 20} MiB"
     with pytest.raises(CorruptSourceError, match=r"member 'volume' would expand .*byte limit"):
         list(from_url(str(path), format="archive", max_bytes=1 << 20).records())
+
+
+def test_a_zip_member_declaring_more_than_the_archive_holds_is_refused_unread(tmp_path: Path) -> None:
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", compression=zipfile.ZIP_STORED) as archive:
+        archive.writestr("a.bin", b"0123456789")
+    data = bytearray(buffer.getvalue())
+    entry = data.find(b"PK\x01\x02")  # the central directory's entry: compressed and full sizes
+    struct.pack_into("<II", data, entry + 20, DECLARED, DECLARED)
+    path = tmp_path / "lying.zip"
+    path.write_bytes(bytes(data))
+    gc.collect()
+    tracemalloc.start()
+    try:
+        with pytest.raises(CorruptSourceError) as raised:
+            list(from_url(str(path), format="archive", max_bytes=1 << 40).records())
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    message = str(raised.value)
+    assert "lying.zip" in message and "'a.bin'" in message and f"declares {DECLARED} compressed bytes" in message
+    assert peak < 4 << 20, f"a {len(data)}-byte zip cost {peak >> 20} MiB"
 
 
 # -- names that are not UTF-8 ---------------------------------------------------------------------

@@ -495,8 +495,12 @@ def zip_members(
 ) -> Iterator[Member]:
     """The files of a zip read through ranged reads: its central directory first (its file names
     go to ``on_names``), then each member's bytes when its ``read()`` is called (CRC-checked by
-    ``zipfile``); declared sizes are budgeted before expansion."""
+    ``zipfile``); declared sizes are budgeted before expansion, and a member declaring more
+    compressed bytes than the whole archive holds is refused unread (``zipfile`` would allocate
+    what it declares for its first read: a 118-byte zip declaring 256 MiB cost 256 MiB)."""
     member: Optional[str] = None
+    archive_size = handle.seek(0, io.SEEK_END)
+    handle.seek(0)
 
     def contents(archive: zipfile.ZipFile, info: zipfile.ZipInfo) -> bytes:
         with archive.open(info) as opened:
@@ -514,6 +518,12 @@ def zip_members(
                 if info.is_dir():
                     continue
                 check_name(info.filename, where)
+                if info.compress_size > archive_size:
+                    raise CorruptSourceError(
+                        f"{where}: member {info.filename[:200]!r} declares {info.compress_size} compressed bytes, "
+                        f"more than the whole archive holds ({archive_size}); nothing was cached. Check or "
+                        "replace that object"
+                    )
                 budget.take(info.file_size, where, info.filename)
                 yield info.filename, _MemberBytes(functools.partial(contents, archive, info), where, info.filename,
                                                   _DECOMPRESS_ERRORS)
