@@ -18,6 +18,8 @@ from __future__ import annotations
 import gc
 import json
 import signal
+import subprocess
+import sys
 import threading
 from pathlib import Path
 from typing import Any, Optional, Sequence
@@ -233,6 +235,65 @@ def test_grain_reading_with_many_threads_under_a_budget_smaller_than_the_cache_f
         assert budget.live_leases(store.local.root).held <= {source.reader._provider.item(i) for i in range(8)}
     finally:
         source.reader.close()
+
+
+GRAIN_WORKERS = r"""
+import json, sys
+import grain
+from yogacache.backends.files import FileObjectStore
+from yogacache.grain import CacheDataSource
+from yogacache.store import streaming
+from yogacache.store.remote import RemoteCacheStore
+
+streaming.ROOM_WAIT_SECONDS = float(sys.argv[4])
+
+
+def main():
+    store = RemoteCacheStore(FileObjectStore(sys.argv[1]), sys.argv[2], show_progress=False, streaming=True,
+                             local_cache_limit=int(sys.argv[3]))
+    source = CacheDataSource(store.open("dl-a", "v1"))
+    sampler = grain.samplers.IndexSampler(192, grain.sharding.NoSharding(), shuffle=True, num_epochs=1, seed=5)
+    loader = grain.DataLoader(data_source=source, sampler=sampler, worker_count=2)
+    got = []
+    for array, label in loader:
+        assert (array == label).all()
+        got.append(int(label))
+    print(json.dumps({"got": got, "expected": [sampler[k].record_key for k in range(192)]}), flush=True)
+
+
+if __name__ == "__main__":
+    from absl import flags
+
+    flags.FLAGS(sys.argv[:1], known_only=True)  # Grain's multiprocess loader reads its flags
+    main()
+"""
+
+
+def test_grain_workers_reading_with_their_default_threads_under_a_budget_smaller_than_the_cache_finish(
+    bucket: Path, tmp_path: Path
+) -> None:
+    """Two Grain worker processes, each reading with Grain's default 16 threads, 8 parts and a budget
+    of 5 (it read nothing). Run in a process of its own, waited for a bounded time: a stall fails."""
+    pytest.importorskip("grain")
+    limit = 5 * largest_part(node_store(bucket, tmp_path / "probe", None), "dl-a")
+    script = tmp_path / "grain_workers.py"
+    script.write_text(GRAIN_WORKERS)
+    process = subprocess.Popen(
+        [sys.executable, str(script), str(bucket), str(tmp_path / "node"), str(limit), str(WAIT)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=python_env(),
+    )
+    try:
+        out, err = process.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        out, err = process.communicate()
+        pytest.fail(f"the Grain loader with 2 workers did not finish in 120 s (stalled): {err[-2000:]}")
+    assert process.returncode == 0, err[-3000:]
+    result = json.loads(out.strip().splitlines()[-1])
+    assert result["got"] == result["expected"]
 
 
 # -- a reader closed or collected -----------------------------------------------------------------
