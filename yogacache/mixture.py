@@ -104,12 +104,14 @@ class Mixture:
         epoch_size: records per epoch, all ranks together, shared out by the weights; default:
             the components' records together. Not with ``repeat``/``samples`` (they set counts).
         stopping: instead of an epoch size, Hugging Face's rules: ``"first_exhausted"`` (the
-            epoch ends when the first component has been read once through) or
-            ``"all_exhausted"`` (when the last one has; the others repeat, each a whole pass at a
-            time).
+            largest epoch whose quotas take no component past one pass: the first to run out
+            is read through, or all but one record of it) or ``"all_exhausted"`` (the smallest
+            whose quotas take every component through once; the others repeat, each a whole
+            pass at a time). See ``yogacache.read.mixture`` for the formulas.
 
-    ``len()`` is the epoch size; ``counts`` each component's records per epoch (its exact
-    share, within one record of ``weight / Σ weight · epoch_size``); ``describe()`` says both.
+    ``len()`` is the epoch size (at most ``MAX_EPOCH_SIZE``, 2**32); ``counts`` each component's
+    records per epoch (largest remainders of the exact quotas ``weight / Σ weight ·
+    epoch_size``, ties to the earlier component); ``describe()`` says both.
     """
 
     def __init__(
