@@ -280,6 +280,9 @@ def test_decimal_weights_are_the_decimals_they_print_as(weights: list[int], plac
     binary float 0.1 is a little more than 1/10 and would break ties the other way)."""
     scaled = [float(f"{weight}e-{places}") for weight in weights]
     assert tuple(apportion(total, scaled)) == tuple(apportion(total, weights)) == largest_remainders(total, weights)
+    # A numpy float weighs as it prints too (np.float32(0.1) prints as 0.1).
+    narrow = [Share(weight=np.float32(weight)) for weight in scaled]
+    assert mixture_counts([1] * len(weights), narrow, total) == largest_remainders(total, weights)
 
 
 @settings(max_examples=300, deadline=None)

@@ -132,7 +132,14 @@ def _finite(value: Any, name: str) -> Union[int, float]:
     """A weight or repeat, checked: a finite number >= 0 (an integer kept exact, as an ``int``)."""
     if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
         raise TypeError(f"{name} must be a number, got {type(value).__name__}")
-    number: Union[int, float] = int(value) if isinstance(value, (int, np.integer)) else float(value)
+    # A numpy float as it prints (np.float32(0.1) is 0.1, not 0.10000000149011612: ``exact``).
+    number: Union[int, float] = (
+        int(value)
+        if isinstance(value, (int, np.integer))
+        else float(str(value))
+        if isinstance(value, np.floating)
+        else float(value)
+    )
     if (isinstance(number, float) and not math.isfinite(number)) or number < 0:
         raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
     return number
