@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+import errno
 import gc
 import gzip
 import io
@@ -199,6 +200,37 @@ def test_a_download_asked_for_a_size_writes_no_more_than_it(bucket: Bucket, tmp_
     assert not target.exists() or target.stat().st_size <= 2048
     objects.download_file("big", target, size=16384)
     assert target.read_bytes() == bytes(range(256)) * 64
+
+
+EFBIG_NODE = r"""
+import json, resource, signal, sys
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, 1 << 20))
+from tests.cloud_helpers import Cloud, HttpRequests
+kind, bucket, target = sys.argv[1:4]
+objects = Cloud.from_environment(kind).store(bucket, "caches")
+http = HttpRequests().attach(objects)
+out = {"error": None}
+try:
+    objects.download_file("big", target)
+except Exception as error:
+    out.update(error=type(error).__name__, errno=getattr(error, "errno", None), message=str(error))
+out["gets"] = len([r for r in http.sent if r.startswith("GET") and "big" in r])
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.parametrize("kind", ["s3", "gcs", "azure"])
+def test_a_file_size_limit_of_this_node_is_not_retried(
+    kind: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    """``ulimit -f`` (EFBIG) is this node's limit, as a full disk is: retrying the download cannot
+    cure it (it was retried five times, each attempt writing up to the limit again)."""
+    bucket = Bucket(kind, request, tmp_path)
+    bucket.store().write("big", bytes(4 << 20))
+    out = finish(start_python(EFBIG_NODE, kind, bucket.name, str(tmp_path / "got"), env=bucket.env()), timeout=120)
+    assert out["error"] == "OSError" and out["errno"] == errno.EFBIG, out
+    assert out["gets"] == 1, out
 
 
 # -- small objects: one capped read ---------------------------------------------------------------

@@ -647,7 +647,9 @@ class _KnownObject(BaseSubscriber):
 
     def on_queued(self, future: Any, **kwargs: Any) -> None:
         future.meta.provide_transfer_size(self._size)
-        future.meta.provide_object_etag(self._etag)
+        pin = getattr(future.meta, "provide_object_etag", None)  # where s3transfer pins its GETs by ETag
+        if pin is not None:
+            pin(self._etag)
 
     def on_progress(self, future: Any, bytes_transferred: int, **kwargs: Any) -> None:
         if self._progress is not None:
