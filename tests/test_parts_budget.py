@@ -30,7 +30,7 @@ from yogacache.read.pipeline import read_stream
 from yogacache.store import streaming
 from yogacache.store.remote import RemoteCacheStore
 
-PART_BYTES = 24 << 10  # 24 records of 1 KiB a part (LMDB files of 44 KiB)
+PART_BYTES = 64 << 10  # 16 records of 1 KiB a part (part_bytes bounds the LMDB file)
 READ = 6  # records per read
 
 
@@ -84,8 +84,9 @@ def downloads(monkeypatch: pytest.MonkeyPatch) -> Iterator[Downloads]:
     yield counter
 
 
-def _read_epochs(objects: Any, node: Path, limit: int, options: ReadOptions, epochs: int,
-                 records: int, downloads: Downloads) -> list[int]:
+def _read_epochs(
+    objects: Any, node: Path, limit: int, options: ReadOptions, epochs: int, records: int, downloads: Downloads
+) -> list[int]:
     """Part downloads of each epoch; each epoch's records must be the dataset's, each once."""
     store = RemoteCacheStore(objects, node, show_progress=False, streaming=True, local_cache_limit=limit)
     reader = store.open("parts-budget", "v1")
@@ -121,14 +122,14 @@ ORDERS = {
 def test_half_budget_fetches_each_part_once_then_what_the_budget_could_not_keep(
     cloud: Cloud, tmp_path: Path, downloads: Downloads, order: str
 ) -> None:
-    objects, manifest = _publish(cloud, tmp_path, records=384)
+    objects, manifest = _publish(cloud, tmp_path, records=256)
     parts = len(manifest.parts)
     largest = max(part.size_bytes for part in manifest.parts)
     limit = manifest.total_size_bytes // 2
     budget_parts = limit // largest
     assert parts == 16 and budget_parts == 8  # D and B of the promise
     for run in range(2):  # two fresh nodes: the counts hold run after run, not by luck once
-        fetched = _read_epochs(objects, tmp_path / f"node-{run}", limit, ORDERS[order], 2, 384, downloads)
+        fetched = _read_epochs(objects, tmp_path / f"node-{run}", limit, ORDERS[order], 2, 256, downloads)
         assert fetched[0] <= parts + 1, (order, run, fetched)
         assert fetched[1] <= parts - budget_parts + 1, (order, run, fetched)
 
@@ -141,11 +142,14 @@ def test_sequential_epoch_2_keeps_to_the_target_with_fast_downloads(tmp_path: Pa
     from yogacache.backends.files import FileObjectStore
 
     objects = FileObjectStore(tmp_path / "bucket")
-    manifest = RemoteCacheStore(objects, tmp_path / "builder", part_size_bytes=PART_BYTES,
-                                show_progress=False).get_or_build("parts-budget", "v1", lambda: data(384)).manifest
+    manifest = (
+        RemoteCacheStore(objects, tmp_path / "builder", part_size_bytes=PART_BYTES, show_progress=False)
+        .get_or_build("parts-budget", "v1", lambda: data(256))
+        .manifest
+    )
     limit = manifest.total_size_bytes // 2
     for run in range(6):  # unfixed, 2 runs of 5 went over
-        fetched = _read_epochs(objects, tmp_path / f"node-{run}", limit, ReadOptions(), 2, 384, downloads)
+        fetched = _read_epochs(objects, tmp_path / f"node-{run}", limit, ReadOptions(), 2, 256, downloads)
         assert fetched[0] <= 17 and fetched[1] <= 9, (run, fetched)
 
 
@@ -153,11 +157,11 @@ def test_parts_mode_reshuffles_under_the_budget_with_other_seeds(
     cloud: Cloud, tmp_path: Path, downloads: Downloads
 ) -> None:
     """The default window over seeds: epoch 2 stays within (D - B) + 1 whatever the orders."""
-    objects, manifest = _publish(cloud, tmp_path, records=384)
+    objects, manifest = _publish(cloud, tmp_path, records=256)
     limit = manifest.total_size_bytes // 2
     for seed in (1, 2, 3):
         options = ReadOptions(shuffle=True, shuffle_seed=seed, reshuffle_each_epoch=True, shuffle_mode="parts")
-        fetched = _read_epochs(objects, tmp_path / f"node-{seed}", limit, options, 2, 384, downloads)
+        fetched = _read_epochs(objects, tmp_path / f"node-{seed}", limit, options, 2, 256, downloads)
         assert fetched[0] <= 17 and fetched[1] <= 9, (seed, fetched)
 
 
@@ -166,7 +170,7 @@ def test_a_tight_budget_narrows_the_window_says_so_once_and_every_epoch_ends(
 ) -> None:
     """The issue's case scaled down: a budget of 77% of a three-part cache (above the two
     parts a streamed read needs) with the default window, which needs more than it holds."""
-    objects, manifest = _publish(cloud, tmp_path, records=72)
+    objects, manifest = _publish(cloud, tmp_path, records=48)
     parts = len(manifest.parts)
     assert parts == 3
     limit = manifest.total_size_bytes * 600 // 782
@@ -174,7 +178,7 @@ def test_a_tight_budget_narrows_the_window_says_so_once_and_every_epoch_ends(
     downloads.cap = 4 * (parts + 1)  # the unfixed reader fetched ~140 parts in 10 minutes
     options = ReadOptions(shuffle=True, shuffle_seed=5, reshuffle_each_epoch=True, shuffle_mode="parts")
     with caplog.at_level(logging.WARNING, logger="yogacache"):
-        fetched = _read_epochs(objects, tmp_path / "node", limit, options, 3, 72, downloads)
+        fetched = _read_epochs(objects, tmp_path / "node", limit, options, 3, 48, downloads)
     budget_parts = limit // max(part.size_bytes for part in manifest.parts)
     assert budget_parts == 2
     assert fetched[0] <= parts + 1 and all(count <= parts - budget_parts + 1 for count in fetched[1:]), fetched
@@ -188,11 +192,11 @@ def test_a_reader_that_fetches_parts_again_warns_once_naming_the_settings(
 ) -> None:
     """A full shuffle reads every part throughout an epoch: under a tight budget it fetches
     parts again, and says so once, naming what to change."""
-    objects, manifest = _publish(cloud, tmp_path, records=72)
+    objects, manifest = _publish(cloud, tmp_path, records=48)
     limit = manifest.total_size_bytes * 600 // 782
     options = ReadOptions(shuffle=True, shuffle_seed=5, reshuffle_each_epoch=True, shuffle_mode="global")
     with caplog.at_level(logging.WARNING, logger="yogacache.store.streaming"):
-        fetched = _read_epochs(objects, tmp_path / "node", limit, options, 2, 72, downloads)
+        fetched = _read_epochs(objects, tmp_path / "node", limit, options, 2, 48, downloads)
     assert max(fetched) > len(manifest.parts) + 1, fetched  # what the warning is about
     said = [r.getMessage() for r in caplog.records if "in an epoch" in r.getMessage()]
     assert len(said) == 1, said
@@ -211,8 +215,9 @@ def test_a_part_read_again_keeps_the_reader_in_its_epoch(tmp_path: Path) -> None
     from yogacache.store import budget
 
     bucket = tmp_path / "bucket"
-    RemoteCacheStore(FileObjectStore(bucket), tmp_path / "builder", part_size_bytes=PART_BYTES,
-                     show_progress=False).get_or_build("parts-budget", "v1", lambda: data(96))
+    RemoteCacheStore(
+        FileObjectStore(bucket), tmp_path / "builder", part_size_bytes=PART_BYTES, show_progress=False
+    ).get_or_build("parts-budget", "v1", lambda: data(64))
     node = RemoteCacheStore(FileObjectStore(bucket), tmp_path / "node", show_progress=False, streaming=True)
     reader = node.open("parts-budget", "v1")
     try:
@@ -249,16 +254,16 @@ def test_a_torch_state_taken_under_a_narrowed_window_resumes_in_torch(
     differs'), and the two halves read every record of the epoch once."""
     from yogacache.torch import CacheIterableDataset
 
-    objects, manifest = _publish(cloud, tmp_path, records=72)
+    objects, manifest = _publish(cloud, tmp_path, records=48)
     limit = manifest.total_size_bytes * 600 // 782
     options = ReadOptions(shuffle=True, shuffle_seed=5, reshuffle_each_epoch=True, shuffle_mode="parts")
 
     def dataset(node: str, resume: Any = None) -> Any:
-        store = RemoteCacheStore(objects, tmp_path / node, show_progress=False, streaming=True,
-                                 local_cache_limit=limit)
+        store = RemoteCacheStore(objects, tmp_path / node, show_progress=False, streaming=True, local_cache_limit=limit)
         reader = store.open("parts-budget", "v1")
         return CacheIterableDataset.from_options(
-            reader, options if resume is None else dataclasses.replace(options, resume_state=resume),
+            reader,
+            options if resume is None else dataclasses.replace(options, resume_state=resume),
             output="numpy",
         )
 
@@ -273,4 +278,4 @@ def test_a_torch_state_taken_under_a_narrowed_window_resumes_in_torch(
     second = dataset("node-b", state)
     tail = [int(label) for _, label in second]
     second.reader.close()
-    assert sorted(head + tail) == list(range(72))
+    assert sorted(head + tail) == list(range(48))

@@ -319,7 +319,8 @@ def part_bytes_argument(command: argparse.ArgumentParser) -> None:
     command.add_argument(
         "--part-bytes",
         metavar="SIZE",
-        help="roll to a new part past this size (K M G T, Ki Mi Gi Ti; at least 1Mi); default: the storage "
-        "config's part_bytes, else 1Gi on a directory and 256Mi on S3, GCS, Azure; smaller parts start a "
-        "streamed read sooner",
+        help="the largest a part file may be, LMDB's pages included: a build rolls to a new part before a "
+        "record would take it past this size (a single larger record gets a part of its own); K M G T, "
+        "Ki Mi Gi Ti; at least 1Mi; default: the storage config's part_bytes, else 1Gi on a directory and "
+        "64Mi on S3, GCS, Azure; smaller parts start a streamed read sooner",
     )

@@ -47,6 +47,56 @@ _META_TXNID = 144
 _DB_PAD, _DB_FLAGS, _DB_DEPTH, _DB_ENTRIES, _DB_ROOT = 0, 4, 6, 32, 40
 
 
+# What appending records costs in file bytes (a writer's part size bound; see ``append_bytes``).
+_BRANCH_NODE = NODE_HEADER + KEY_BYTES + 2  # a branch node (a key and a child page) and its pointer
+_OVERFLOW_NODE = NODE_HEADER + KEY_BYTES + 8 + 2  # a leaf node naming its value's first overflow page
+# Pages a transaction may add besides its records' shares (``transaction_bytes``): per level,
+# the copy of the page on the path to the last leaf (copy on write) and a page begun part-full;
+# then a new root and the free-page database's pages.
+_TXN_PAGES = 3
+
+
+def _leaf_nodes(sizes: np.ndarray[Any, Any], page_size: int) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
+    """Per record under an 8-byte key, its leaf page bytes (LMDB 0.9's ``mdb_leaf_size``: node
+    header, key and value, or an overflow page number for a value too large for a leaf, rounded
+    up to even, and the node's 2-byte pointer), and whether its value is on overflow pages."""
+    node_max = (((page_size - PAGE_HEADER) // 2) & -2) - 2  # me_nodemax
+    full = NODE_HEADER + KEY_BYTES + sizes
+    big = full > node_max
+    node = np.where(big, _OVERFLOW_NODE - 2, full)
+    return (node + 1) // 2 * 2 + 2, big
+
+
+def append_bytes(value_sizes: np.ndarray[Any, Any], page_size: int, widest_leaf_node: int = 0) -> np.ndarray[Any, Any]:
+    """An upper bound of the file bytes each record of ``value_sizes`` adds to an LMDB file when
+    appended in key order (``put`` with ``append``): its overflow pages (a value too large for a
+    leaf takes ``ceil((16 + size) / page_size)`` pages, so a 4 KiB value takes two), and its share
+    of leaf and branch pages. Appending fills each leaf page until the next node does not fit,
+    so no leaf page keeps more room than the widest leaf node (``widest_leaf_node``: the widest
+    the file holds already; these records' own count too), and each leaf page adds one node to
+    a branch page. A transaction adds at most ``transaction_bytes`` besides."""
+    sizes = np.asarray(value_sizes, dtype=np.int64)
+    leaf, big = _leaf_nodes(sizes, page_size)
+    widest = max(int(widest_leaf_node), int(leaf.max(initial=0)))
+    usable = page_size - PAGE_HEADER
+    per_leaf_byte = page_size / (usable - widest) * (1 + _BRANCH_NODE / (usable - _BRANCH_NODE))
+    overflow = np.where(big, (PAGE_HEADER + sizes + page_size - 1) // page_size * page_size, 0)
+    return np.asarray(np.ceil(leaf * per_leaf_byte).astype(np.int64) + overflow)
+
+
+def widest_leaf_node(value_sizes: np.ndarray[Any, Any], page_size: int) -> int:
+    """The widest leaf node (with its pointer) of records of ``value_sizes`` (see ``append_bytes``)."""
+    leaf, _ = _leaf_nodes(np.asarray(value_sizes, dtype=np.int64), page_size)
+    return int(leaf.max(initial=0))
+
+
+def transaction_bytes(page_size: int, depth: int) -> int:
+    """The file bytes one transaction may add besides its records' (``append_bytes``) to a file
+    whose tree is ``depth`` levels deep: per level a copy of the page it changes and a page begun
+    part-full, a new root, the free-page database's pages."""
+    return (2 * depth + _TXN_PAGES) * page_size
+
+
 @dataclass(frozen=True)
 class RecordOffsets:
     """The file offset of the value of every key ``first_key + i`` of one part, and the map."""

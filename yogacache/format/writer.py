@@ -2,10 +2,12 @@
 
 The life of a build: ``CacheWriter(target, ...)`` creates ``.<version>.tmp-<build id>`` next to
 the target; records are appended in key order with ``putmulti(append=True)`` in bounded
-transactions (memory stays bounded whatever the dataset's size); a part rolls over past
-``part_size_bytes``. ``seal()`` syncs every part, hashes it, writes ``manifest.json`` last,
-fsyncs files and directory and renames the directory into place. Leaving the ``with`` block
-with an exception discards the temporary directory instead: nothing partial is ever visible.
+transactions (memory stays bounded whatever the dataset's size); a part rolls over before a
+record would take its file past ``part_size_bytes`` (LMDB's pages counted: ``pages.append_bytes``),
+so that a part file is never larger, unless a single record is. ``seal()`` syncs every part,
+hashes it, writes ``manifest.json`` last, fsyncs files and directory and renames the directory
+into place. Leaving the ``with`` block with an exception discards the temporary directory
+instead: nothing partial is ever visible.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from yogacache.format.durability import (
 )
 from yogacache.format.integrity import seal_hashes, stamp_verified
 from yogacache.format.manifest import MANIFEST_NAME, Manifest, PartInfo, part_name
+from yogacache.format.pages import append_bytes, transaction_bytes, widest_leaf_node
 from yogacache.format.spec import Spec
 from yogacache.malloc import frozen_heap
 from yogacache.progress import Progress
@@ -131,14 +134,15 @@ class CacheWriter:
         self.build_id = uuid.uuid4().hex
         self.limits = limits
         self.part_size_bytes = max(1, part_size_bytes)
-        self._txn_bytes = min(_TXN_BYTES, self.part_size_bytes)
+        self._txn_bytes = min(_TXN_BYTES, max(1, self.part_size_bytes // 8))
         self.progress = progress or Progress(f"{dataset_id}:{dataset_version}", enabled=False)
         self.num_records = 0
         self.num_bytes = 0
         self._parts: list[PartInfo] = []
         self._env: Any = None
         self._part_first = 0
-        self._part_bytes = 0
+        self._page_size = 4096  # the open part's (LMDB's page size is the system's)
+        self._widest_leaf = 0  # the widest leaf node of the open part (pages.append_bytes)
         self._unsynced = 0
         self._pending: list[tuple[bytes, bytes]] = []
         self._pending_bytes = 0
@@ -252,7 +256,8 @@ class CacheWriter:
             **_LMDB_FORMAT,
         )
         self._part_first = self._written
-        self._part_bytes = 0
+        self._page_size = int(self._env.stat()["psize"])
+        self._widest_leaf = 0
         self._unsynced = 0
 
     def _flush(self) -> None:
@@ -304,15 +309,51 @@ class CacheWriter:
                     self._landed.notify_all()
 
     def _write_batch(self, pending: list[tuple[bytes, bytes]], size: int) -> None:
-        if self._env is None:
-            self._open_part()
+        """Commits ``pending`` (``size`` bytes of values) to the open part, rolling to a new part
+        before a record would take the part's file past ``part_size_bytes`` (``_fitting``); a
+        record too large for any part of that size gets a part of its own."""
+        sizes = np.fromiter((len(value) for _, value in pending), dtype=np.int64, count=len(pending))
+        start = 0
+        while start < len(pending):
+            if self._env is None:
+                self._open_part()
+            take = self._fitting(sizes[start:])
+            if take == 0:
+                if self._written > self._part_first:
+                    self._close_part()
+                    continue
+                take = 1
+            self._commit(pending[start : start + take] if take < len(pending) else pending)
+            taken = sizes[start : start + take]
+            self._widest_leaf = max(self._widest_leaf, widest_leaf_node(taken, self._page_size))
+            self._written += take
+            self._unsynced += int(taken.sum())
+            start += take
+        if self._unsynced >= _WRITEBACK_EVERY_BYTES:
+            # Start writing back while the source keeps producing, so sealing waits for little.
+            self._start_writeback()
+            self._unsynced = 0
+
+    def _fitting(self, sizes: np.ndarray[Any, Any]) -> int:
+        """How many of the records of ``sizes`` the open part takes in one transaction without
+        its file growing past ``part_size_bytes``: the file's size now, plus what each record
+        adds at most (``pages.append_bytes``) and what a transaction adds besides."""
+        page, depth = self._page_size, self._env.stat()["depth"]
+        room = self.part_size_bytes - (self._env.info()["last_pgno"] + 1) * page - transaction_bytes(page, depth)
+        if room <= 0:
+            return 0
+        costs = np.cumsum(append_bytes(sizes, page, self._widest_leaf))
+        return int(np.searchsorted(costs, room, side="right"))
+
+    def _commit(self, records: list[tuple[bytes, bytes]]) -> None:
+        """One transaction appending ``records`` to the open part; the map grows as needed."""
         while True:
             try:
                 with self._env.begin(write=True) as txn:
-                    added, _ = txn.cursor().putmulti(pending, append=True)
-                if added != len(pending):
-                    raise BuildError(f"LMDB stored {added} of {len(pending)} records")
-                break
+                    added, _ = txn.cursor().putmulti(records, append=True)
+                if added != len(records):
+                    raise BuildError(f"LMDB stored {added} of {len(records)} records")
+                return
             except lmdb.MapFullError:
                 # The aborted transaction wrote nothing; grow the map and retry the same batch.
                 new_size = self._env.info()["map_size"] * 2
@@ -320,15 +361,6 @@ class CacheWriter:
                 self._env.set_mapsize(new_size)
             except lmdb.Error as error:
                 raise self._write_error(error) from error
-        self._written += len(pending)
-        self._part_bytes += size
-        self._unsynced += size
-        if self._part_bytes >= self.part_size_bytes:
-            self._close_part()
-        elif self._unsynced >= _WRITEBACK_EVERY_BYTES:
-            # Start writing back while the source keeps producing, so sealing waits for little.
-            self._start_writeback()
-            self._unsynced = 0
 
     def _start_writeback(self) -> None:
         """Starts writing the part's dirty pages back while the source keeps producing, so
@@ -457,9 +489,7 @@ class CacheWriter:
                 num_bytes=self.num_bytes,
                 element_spec=spec,
                 parts=tuple(self._parts),
-                created_at=datetime.datetime.now(datetime.timezone.utc).isoformat(
-                    timespec="microseconds"
-                ),
+                created_at=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="microseconds"),
                 build_id=self.build_id,
                 writer_version=f"yogacache {__version__}",
                 source=source,
@@ -509,5 +539,3 @@ class CacheWriter:
             except lmdb.Error:
                 pass
         shutil.rmtree(self.directory, ignore_errors=True)
-
-
