@@ -230,6 +230,7 @@ def test_torch_distributed_gloo_two_ranks(tmp_path: Path) -> None:
     assert results[0]["weight"] == results[1]["weight"]  # DDP kept the replicas in step
     assert results[0]["state"] == results[1]["state"] == {
         "version": 1, "mode": "global", "epoch": 2, "consumed": 0, "seed": 11, "num_records": n,
+        "build": results[0]["state"]["build"], "shuffle": True, "reshuffle_each_epoch": True,
     }
 
 

@@ -306,7 +306,10 @@ def test_state_after_any_count_resumes_where_the_uninterrupted_run_is(
 def test_resume_state_is_small_and_checked() -> None:
     s = schedule(100, 0, 4, seed=3, drop=True)
     state = s.state(s.start, 7)
-    assert state == {"version": 1, "mode": "global", "epoch": 0, "consumed": 28, "seed": 3, "num_records": 100}
+    assert state == {
+        "version": 1, "mode": "global", "epoch": 0, "consumed": 28, "seed": 3, "num_records": 100,
+        "shuffle": True, "reshuffle_each_epoch": True,
+    }  # fmt: skip
     assert ResumeState.from_dict(json.loads(json.dumps(state))).to_dict() == state
     with pytest.raises(ValueError, match="seed"):
         schedule(100, 0, 4, seed=4, drop=True, state=state)
