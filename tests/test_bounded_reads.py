@@ -233,6 +233,32 @@ def test_a_file_size_limit_of_this_node_is_not_retried(
     assert out["gets"] == 1, out
 
 
+@pytest.mark.parametrize("damage", ["larger", "smaller"])
+def test_a_streamed_copy_stops_at_the_parts_size(tmp_path: Path, damage: str) -> None:
+    """A copy streams parts through this process (directory to directory here): a source part
+    object of another size than its manifest says is refused naming the part and both sizes,
+    and the destination keeps nothing of it."""
+    from yogacache.store.copy import copy_cache
+
+    source = FileObjectStore(tmp_path / "source")
+    builder = RemoteCacheStore(source, tmp_path / "builder", part_size_bytes=PART_BYTES, show_progress=False)
+    manifest = builder.get_or_build("ds", "v1", records).manifest
+    assert all(part.crc32c for part in manifest.parts)  # so the copy streams, checking as it goes
+    victim = manifest.parts[1]
+    path = tmp_path / "source" / keys.part_key(manifest, victim)
+    good = path.read_bytes()
+    path.write_bytes(good + bytes(EXCESS) if damage == "larger" else good[: len(good) // 2])
+    with pytest.raises(CorruptCacheError) as raised:
+        copy_cache(source, FileObjectStore(tmp_path / "destination"), "ds", "v1", threads=1, show_progress=False)
+    message = str(raised.value)
+    holds = f"more than {victim.size_bytes}" if damage == "larger" else f"{len(good) // 2}"
+    assert victim.name in message and f"holds {holds} bytes" in message, message
+    assert f"manifest says {victim.size_bytes}" in message, message
+    left = sorted(p.name for p in (tmp_path / "destination").rglob("*") if p.is_file())
+    assert not [name for name in left if victim.name in name], left
+    assert not [name for name in left if name == "manifest.json"], left  # nothing was published
+
+
 # -- small objects: one capped read ---------------------------------------------------------------
 def _peak(call: Callable[[], Any]) -> tuple[Any, int]:
     gc.collect()

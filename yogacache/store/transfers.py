@@ -253,7 +253,9 @@ def stream_part(
 class HashedChunks:
     """Chunks passed through, the part's content hash (BLAKE3 or SHA-256), CRC32C and size
     computed on the way. With ``size`` (the part's, as its manifest says), a chunk that takes
-    the object past it raises ObjectSizeError naming ``url``: no more of it is read or passed on."""
+    the object past it raises ObjectSizeError naming ``url``: no more of it is read or passed on;
+    and chunks that end short of it raise it too, before the consumer sees their end (an upload
+    of them is never completed)."""
 
     def __init__(self, chunks: Iterable[bytes], algorithm: str, *, size: Optional[int] = None, url: str = "") -> None:
         self._chunks = chunks
@@ -271,6 +273,8 @@ class HashedChunks:
             self._crc32c.update(chunk)
             self.size += len(chunk)
             yield chunk
+        if self._limit is not None and self.size != self._limit:
+            raise ObjectSizeError(self._url, self._limit, self.size)
 
     @property
     def digest(self) -> str:
