@@ -10,7 +10,7 @@ naming the numbers and the readers. Each test waits for room at most a few secon
 NoSpaceError instead of hanging. Every record read is checked against an oracle: the order the
 read schedule computes (pure, no I/O) applied to the records' known values.
 
-Caches are published to a directory bucket (``FileObjectStore``): parts of 24 records of 1 KiB.
+Caches are published to a directory bucket (``FileObjectStore``): parts of 16 records of 1 KiB.
 """
 
 from __future__ import annotations
@@ -37,12 +37,12 @@ from yogacache.read.options import ReadOptions
 from yogacache.store import budget, eviction, streaming
 from yogacache.store.remote import RemoteCacheStore
 
-PART_BYTES = 24 << 10
+PART_BYTES = 64 << 10  # 16 records of 1 KiB a part (LMDB files of 48 KiB)
 VERSION = "v1"
 # (dataset id, records, first value, weight): values of component k never meet another's
 COMPONENTS = (("dl-a", 192, 0, 5), ("dl-b", 120, 10_000, 3), ("dl-c", 72, 20_000, 2))
-# Single caches the rank processes read: 7 parts (half the bytes: 3.5 parts) and 32 parts.
-RANKED = (("dl-r", 168), ("dl-e", 768))
+# Single caches the rank processes read: 7 parts (half the bytes: 3.5 parts) and 48 parts.
+RANKED = (("dl-r", 112), ("dl-e", 768))
 WAIT = 5.0  # seconds a fetch waits for room before NoSpaceError: a stall fails fast
 
 
@@ -202,7 +202,7 @@ def test_components_opened_with_different_budgets_keep_the_smallest(bucket: Path
 def test_grain_reading_with_many_threads_under_a_budget_smaller_than_the_cache_finishes(
     bucket: Path, tmp_path: Path, sampler_kind: str
 ) -> None:
-    """8 parts, a budget of 5: Grain's 16 read threads each held a part while waiting for room
+    """12 parts, a budget of 5: Grain's 16 read threads each held a part while waiting for room
     (with IndexSampler it read nothing; with CacheSampler("parts") it stopped half way)."""
     grain = pytest.importorskip("grain")
     from yogacache.grain import CacheDataSource, CacheSampler
@@ -212,7 +212,7 @@ def test_grain_reading_with_many_threads_under_a_budget_smaller_than_the_cache_f
     store = node_store(bucket, tmp_path / "node", limit)
     source = CacheDataSource(store.open("dl-a", VERSION))
     try:
-        assert len(source.reader.manifest.parts) == 8
+        assert len(source.reader.manifest.parts) >= 8  # a budget of 5 parts: smaller than the cache
         if sampler_kind == "parts":
             sampler: Any = CacheSampler(
                 source, shuffle=True, shuffle_seed=5, shuffle_mode="parts", shard_rank=0, num_shards=1
@@ -232,7 +232,8 @@ def test_grain_reading_with_many_threads_under_a_budget_smaller_than_the_cache_f
             assert (np.asarray(array) == label).all()
             got.append(int(label))
         assert got == expected
-        assert budget.live_leases(store.local.root).held <= {source.reader._provider.item(i) for i in range(8)}
+        # Between reads the reader keeps the part it read last, no more (one process held 6 of 5).
+        assert len(budget.live_leases(store.local.root).held) <= 1
     finally:
         source.reader.close()
 
@@ -272,7 +273,7 @@ if __name__ == "__main__":
 def test_grain_workers_reading_with_their_default_threads_under_a_budget_smaller_than_the_cache_finish(
     bucket: Path, tmp_path: Path
 ) -> None:
-    """Two Grain worker processes, each reading with Grain's default 16 threads, 8 parts and a budget
+    """Two Grain worker processes, each reading with Grain's default 16 threads, 12 parts and a budget
     of 5 (it read nothing). Run in a process of its own, waited for a bounded time: a stall fails."""
     pytest.importorskip("grain")
     limit = 5 * largest_part(node_store(bucket, tmp_path / "probe", None), "dl-a")
@@ -482,7 +483,7 @@ def test_two_ranks_resumed_by_three_on_one_node_under_half_the_bytes_read_the_re
                 for more in range(1, 4):
                     assert rest[rank]["epochs"][more] == oracle(synced, options, epoch + more), (attempt, rank, more)
             first = sorted(x for r in head for x in r["epochs"][0]) + sorted(x for r in rest for x in r["epochs"][0])
-            assert sorted(first) == list(range(168)), "epoch 0 across the resume: not every record once"
+            assert sorted(first) == list(range(112)), "epoch 0 across the resume: not every record once"
     finally:
         synced.close()
 
