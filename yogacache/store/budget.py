@@ -107,7 +107,8 @@ class ProcessLease:
         # weakly: a reader collected without closing leaves nothing behind here)
         self._idle: dict[str, weakref.WeakMethod[Callable[[], None]]] = {}
         self._waiting = 0  # fetches of this process waiting for room now
-        self._lock = threading.Lock()
+        # Re-entrant: a reader collected on a thread that holds it releases its parts there.
+        self._lock = threading.RLock()
 
     def hold(self, item: str) -> None:
         with self._lock:
@@ -220,11 +221,11 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_forget_leases_after_fork)
 
 
-def has_process_lease(root: Path) -> bool:
-    """Whether this process took its lease under ``root``."""
-    with _leases_lock:
-        lease = _leases.get(root)
-        return lease is not None and lease.pid == os.getpid()
+def existing_lease(root: Path) -> Optional[ProcessLease]:
+    """This process's lease under ``root`` if it took one (no lock taken: a reader collected on
+    a thread that is taking a lease releases its parts through this)."""
+    lease = _leases.get(root)
+    return lease if lease is not None and lease.pid == os.getpid() else None
 
 
 def process_lease(root: Path) -> ProcessLease:

@@ -136,7 +136,8 @@ class StreamingParts:
         self._key = uuid.uuid4().hex
         self._registered = False  # named in the lease as a reader that reads, in this process
         self._pid = os.getpid()
-        self._lock = threading.Lock()
+        # Re-entrant: a reader collected on a thread that holds it closes its provider there.
+        self._lock = threading.RLock()
         self._pool: Optional[ThreadPoolExecutor] = None
         self._ahead: dict[int, Future[None]] = {}
         self._reading = ReadOrder()  # where the reader is in its announced order
@@ -306,7 +307,7 @@ class StreamingParts:
         stopping.set()
         if pool is not None:
             pool.shutdown(wait=False, cancel_futures=True)
-        lease = budget.process_lease(self.root) if budget.has_process_lease(self.root) else None
+        lease = budget.existing_lease(self.root)
         if lease is not None:
             for index, count in held.items():
                 for _ in range(count):
