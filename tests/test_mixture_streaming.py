@@ -1,8 +1,8 @@
 """Streamed mixtures on moto's S3 server under one node budget (issue 25, items 4 and 6).
 
-Three caches of 1 KiB records (8, 5 and 3 parts of 24 records) published to one bucket prefix,
-mixed 5:3:2 (each epoch: 192 records of the first, one whole pass; 115 of the second, rotating
-through its 120; 77 of the third, a pass and a bit of the next), read streamed with
+Three caches of 1 KiB records (8, 5 and 3 parts of 16 records) published to one bucket prefix,
+mixed 5:3:2 (each epoch: 128 records of the first, one whole pass; 77 of the second, rotating
+through its 80; 51 of the third, a pass and a bit of the next), read streamed with
 ``shuffle_mode="parts"`` under a ``local_cache_limit`` of half the bytes:
 
 - every epoch reads exactly the records, in exactly the order, of the same mixture read from
@@ -36,12 +36,12 @@ from yogacache.store import streaming
 from yogacache.store.local import CacheStore
 from yogacache.store.remote import RemoteCacheStore
 
-PART_BYTES = 24 << 10  # 24 records of 1 KiB a part
+PART_BYTES = 64 << 10  # 16 records of 1 KiB a part (part_bytes bounds the LMDB file)
 READ = 6  # records per read: far fewer than a part holds, as with real records
 VERSION = "v1"
 # (dataset id, records, first value, weight): values of component k never meet another's
-COMPONENTS = (("mix-a", 192, 0, 5), ("mix-b", 120, 10_000, 3), ("mix-c", 72, 20_000, 2))
-COUNTS = (192, 115, 77)  # 5:3:2 of the 384 records the components hold together
+COMPONENTS = (("mix-a", 128, 0, 5), ("mix-b", 80, 10_000, 3), ("mix-c", 48, 20_000, 2))
+COUNTS = (128, 77, 51)  # 5:3:2 of the 256 records the components hold together
 SEED = 13
 EPOCHS = 2
 
@@ -54,8 +54,7 @@ def data(records: int, first: int) -> list[tuple[np.ndarray, int]]:
 def stream_args(**extra: Any) -> dict[str, Any]:
     # parts_window=1: a window no budget share narrows (``fit_budget``), so the streamed order is
     # the synced one; the default window would be narrowed to what each component's share holds.
-    return dict(shuffle=True, shuffle_seed=SEED, shuffle_mode="parts",
-                parts_window=1, **extra)
+    return dict(shuffle=True, shuffle_seed=SEED, shuffle_mode="parts", parts_window=1, **extra)
 
 
 class Downloads:
@@ -95,8 +94,9 @@ def published(s3_server: Any, tmp_path_factory: pytest.TempPathFactory) -> dict[
     cloud = Cloud("s3", s3_server)
     bucket, prefix = cloud.new_bucket(), unique("mixtures")
     objects = cloud.store(bucket, prefix)
-    builder = RemoteCacheStore(objects, tmp_path_factory.mktemp("builder"), part_size_bytes=PART_BYTES,
-                               show_progress=False)
+    builder = RemoteCacheStore(
+        objects, tmp_path_factory.mktemp("builder"), part_size_bytes=PART_BYTES, show_progress=False
+    )
     manifests = {
         name: builder.get_or_build(name, VERSION, lambda n=n, first=first: data(n, first)).manifest
         for name, n, first, _ in COMPONENTS
@@ -105,8 +105,14 @@ def published(s3_server: Any, tmp_path_factory: pytest.TempPathFactory) -> dict[
     return {"objects": objects, "manifests": manifests}
 
 
-def open_mixture(objects: Any, node: Path, *, limit: Any = None, streamed: bool = True,
-                 names: Sequence[str] = tuple(c[0] for c in COMPONENTS)) -> Mixture:
+def open_mixture(
+    objects: Any,
+    node: Path,
+    *,
+    limit: Any = None,
+    streamed: bool = True,
+    names: Sequence[str] = tuple(c[0] for c in COMPONENTS),
+) -> Mixture:
     extra = dict(streaming=True, local_cache_limit=limit) if streamed else {}
     store = RemoteCacheStore(objects, node, show_progress=False, **extra)
     weights = {name: weight for name, _, _, weight in COMPONENTS}
@@ -125,8 +131,11 @@ def component_of(label: int) -> int:
     return label // 10_000
 
 
-def check_reference(epochs: list[list[int]], counts: Sequence[int] = COUNTS,
-                    components: Sequence[tuple[str, int, int, int]] = COMPONENTS) -> None:
+def check_reference(
+    epochs: list[list[int]],
+    counts: Sequence[int] = COUNTS,
+    components: Sequence[tuple[str, int, int, int]] = COMPONENTS,
+) -> None:
     """The synced reference keeps the mixture's promises: each epoch takes each component's count,
     and each component's draws, over the epochs in order, are whole passes (each record once)."""
     draws: list[list[int]] = [[] for _ in components]
@@ -217,12 +226,18 @@ def test_a_streamed_mixture_under_half_the_bytes_reads_the_synced_order_and_keep
     # One part per component, and one more per component whose pass turns over inside epoch 2:
     # the part that ends one pass and is read again in the next is read at both ends of the
     # epoch, and the budget does not keep it in between (docs/mixtures.md, "Streaming").
-    turning = [name for name, n, _, _ in COMPONENTS for count in (COUNTS[[c[0] for c in COMPONENTS].index(name)],)
-               if (1 * count) // n != (2 * count - 1) // n]
+    turning = [
+        name
+        for name, n, _, _ in COMPONENTS
+        for count in (COUNTS[[c[0] for c in COMPONENTS].index(name)],)
+        if (1 * count) // n != (2 * count - 1) // n
+    ]
     assert turning == ["mix-b", "mix-c"]
     bound = (d - limit) + sum(largest.values()) + sum(largest[name] for name in turning)
-    print(f"mixture: {parts_read} parts, {total} bytes, budget {limit}, peak {peak.peak}, "
-          f"fetched per epoch {fetched}, epoch-2 bound {bound}")
+    print(
+        f"mixture: {parts_read} parts, {total} bytes, budget {limit}, peak {peak.peak}, "
+        f"fetched per epoch {fetched}, epoch-2 bound {bound}"
+    )
     assert 0 < peak.peak <= limit, f"the node held {peak.peak} bytes of parts, budget {limit}"
     assert fetched[0] >= total, f"epoch 1 fetched {fetched[0]} bytes of {total}: not every part"
     assert fetched[1] <= bound, (
@@ -237,7 +252,7 @@ def test_a_mixture_of_a_streamed_s3_cache_and_a_shared_fs_cache_reads_exactly(
 ) -> None:
     objects, manifests = published["objects"], published["manifests"]
     shared = CacheStore(tmp_path / "shared", part_size_bytes=PART_BYTES, show_progress=False)
-    shared.build("mix-b", VERSION, data(120, 10_000))
+    shared.build("mix-b", VERSION, data(80, 10_000))
 
     def mixture(node: Path, **remote: Any) -> Mixture:
         a = RemoteCacheStore(objects, node, show_progress=False, **remote).open("mix-a", VERSION)
@@ -248,7 +263,7 @@ def test_a_mixture_of_a_streamed_s3_cache_and_a_shared_fs_cache_reads_exactly(
     limit = manifests["mix-a"].total_size_bytes // 2
     streamed = mixture(tmp_path / "node", streaming=True, local_cache_limit=limit)
     try:
-        assert synced.counts == streamed.counts == (195, 117)  # 5:3 of 312
+        assert synced.counts == streamed.counts == (130, 78)  # 5:3 of 208
         assert ".parts" in str(streamed.reader.readers[0].directory)
         assert Path(streamed.reader.readers[1].directory).resolve().is_relative_to((tmp_path / "shared").resolve())
         reference = [labels_of(s) for s in [synced.stream(**stream_args())] for _ in range(EPOCHS)]
