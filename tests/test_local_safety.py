@@ -289,7 +289,7 @@ def test_rm_and_failed_builds_leave_nothing_behind(tmp_path: Path) -> None:
     assert tree(root) == sorted(["data", "data/v1", "data/v2", *files])  # the builds' lock files are gone
 
     store.remove("data", "v1")
-    assert tree(root) == ["data", "data/v2", *(f"data/v2/{p.name}" for p in (root / "data" / "v2").iterdir())]
+    assert tree(root) == sorted(["data", "data/v2", *(f"data/v2/{p.name}" for p in (root / "data" / "v2").iterdir())])
     store.remove("data", "v2")
     assert tree(root) == []
 
