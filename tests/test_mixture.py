@@ -674,13 +674,16 @@ def test_a_state_of_another_mixture_is_refused(caches: Caches, other: Any, messa
 def test_a_state_with_another_seed_or_order_is_refused(caches: Caches) -> None:
     mixture = Mixture(caches.all, weights=[0.7, 0.2, 0.1])
     state = state_of(mixture, shuffle=True, shuffle_seed=3)
-    with pytest.raises(ValueError, match="the resume state was saved with shuffle_seed=3, this mixture has shuffle_seed=4"):
+    saved_seed = "the resume state was saved with shuffle_seed=3, this mixture has shuffle_seed=4"
+    with pytest.raises(ValueError, match=saved_seed):
         mixture.stream(shuffle=True, shuffle_seed=4, resume_state=state)
-    with pytest.raises(ValueError, match="the resume state was saved with shuffle_mode='shard', this mixture has shuffle_mode='global'"):
+    saved_mode = "the resume state was saved with shuffle_mode='shard', this mixture has shuffle_mode='global'"
+    with pytest.raises(ValueError, match=saved_mode):
         mixture.stream(shuffle=True, shuffle_seed=3, shuffle_mode="global", resume_state=state)
     with pytest.raises(ValueError, match=r"mixture resume state has unknown keys \['weights'\]"):
         mixture.stream(shuffle=True, shuffle_seed=3, resume_state={**state, "weights": [1, 2, 3]})
-    with pytest.raises(ValueError, match="the resume state's consumed=9999 is out of range: this mixture takes 0 to 460"):
+    out_of_range = "the resume state's consumed=9999 is out of range: this mixture takes 0 to 460"
+    with pytest.raises(ValueError, match=out_of_range):
         mixture.stream(shuffle=True, shuffle_seed=3, resume_state={**state, "consumed": 9999})
 
 
