@@ -275,7 +275,7 @@ class DeterminedDataLayer:
         steps_completed: batches already trained, when the context does not know (Core API
             off-cluster, resuming from your own checkpoint).
         seed: the shuffle seed, instead of the trial seed.
-        returns: "tf", "torch" or "stream" (default: "torch" for a PyTorch trial, else "tf").
+        returns: "tf", "torch", "stream", "grain" or "ray" (default: "torch" for a PyTorch trial, else "tf").
         layer_options: further ``DataLayer`` options (``max_records``, ``verify``, ...).
     """
 
