@@ -31,7 +31,7 @@ from yogacache.store.local import CacheStore
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parent.parent
-SMALL_PART = 16 << 10
+SMALL_PART = 32 << 10  # several parts per shard (LMDB's own pages within the bound)
 
 
 @pytest.fixture(scope="module")
@@ -65,8 +65,8 @@ def s3_target(s3_server: Any, tmp_path: Path) -> dict[str, Any]:
 
 
 def bucket_keys(s3_server: Any, target: dict[str, Any]) -> list[str]:
-    listed = s3_server.client().list_objects_v2(Bucket=target["bucket"])
-    return sorted(item["Key"] for item in listed.get("Contents", []))
+    pages = s3_server.client().get_paginator("list_objects_v2").paginate(Bucket=target["bucket"])
+    return sorted(item["Key"] for page in pages for item in page.get("Contents", []))
 
 
 def content(manifest: Manifest) -> list[tuple[int, int, str, Any]]:

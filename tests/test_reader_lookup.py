@@ -15,7 +15,7 @@ from yogacache.parallel import sharded
 from yogacache.read.reader import CacheReader
 from yogacache.store.local import CacheStore
 
-SMALL_PART = 8 << 10  # several parts per build shard
+SMALL_PART = 32 << 10  # several parts per build shard (LMDB's own pages within the bound)
 
 
 def element(i: int) -> dict[str, Any]:

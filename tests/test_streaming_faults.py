@@ -24,7 +24,7 @@ from yogacache.format.manifest import Manifest
 from yogacache.store import open_store
 from yogacache.store.eviction import collect
 from yogacache.store.remote import RemoteCacheStore
-from yogacache.store.streaming import minimum_budget
+from yogacache.store.streaming import MAX_AHEAD, minimum_budget
 
 
 @pytest.fixture(params=["s3", "gcs", "azure"])
@@ -247,7 +247,7 @@ def test_close_stops_the_retries_of_fetches_ahead(
     the one under way, and its temporary file is removed (it used to retry on, after the test)."""
     bucket, prefix, manifest = published
     node = tmp_path / "node"
-    failing = manifest.parts[-1].name
+    failing = manifest.parts[min(len(manifest.parts), MAX_AHEAD) - 1].name  # the farthest part fetched ahead
     proxy.add_rule(method="GET", path_contains=failing, **_fault(cloud, 503))
     before = set(threading.enumerate())  # another test's threads are not this reader's
     reader = open_store(node_config(cloud, bucket, prefix, node, proxy.url, streaming=True), show_progress=False).open(
