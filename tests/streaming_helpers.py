@@ -7,7 +7,7 @@ import json
 import os
 import threading
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 import numpy as np
 
@@ -122,10 +122,13 @@ def bytes_on_disk(directory: Path) -> int:
 
 
 class UsageSampler:
-    """Samples the bytes of a node's streamed parts (temporary files included) while it runs."""
+    """Samples the bytes of a node's streamed parts (temporary files included) while it runs:
+    every cache's, or those of the directories given (``dirs``), together."""
 
-    def __init__(self, node: Path) -> None:
+    def __init__(self, node: Path, dirs: Optional[Sequence[Path]] = None, interval: float = 0.01) -> None:
         self.node = node
+        self.dirs = [parts_dir(node)] if dirs is None else list(dirs)
+        self.interval = interval
         self.peak = 0
         self.samples = 0
         self._stop = threading.Event()
@@ -133,9 +136,9 @@ class UsageSampler:
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            self.peak = max(self.peak, bytes_on_disk(parts_dir(self.node)))
+            self.peak = max(self.peak, sum(bytes_on_disk(d) for d in self.dirs))
             self.samples += 1
-            self._stop.wait(0.01)
+            self._stop.wait(self.interval)
 
     def __enter__(self) -> UsageSampler:
         self._thread.start()

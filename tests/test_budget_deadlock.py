@@ -20,7 +20,6 @@ import json
 import signal
 import subprocess
 import sys
-import threading
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
@@ -28,7 +27,7 @@ import numpy as np
 import pytest
 
 from tests.cloud_helpers import python_env, start_python
-from tests.streaming_helpers import bytes_on_disk
+from tests.streaming_helpers import UsageSampler
 from yogacache.backends.files import FileObjectStore
 from yogacache.errors import ConfigError, NoSpaceError
 from yogacache.mixture import Component, Mixture
@@ -103,27 +102,9 @@ def labels(stream: Any) -> list[int]:
     return out
 
 
-class Peak:
-    """The most bytes of streamed parts the node held (every cache's together)."""
-
-    def __init__(self, node: Path, names: Sequence[str]) -> None:
-        self.dirs = [node / "yogadl_local_cache" / ".parts" / name / VERSION for name in names]
-        self.peak = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            self.peak = max(self.peak, sum(bytes_on_disk(d) for d in self.dirs))
-            self._stop.wait(0.005)
-
-    def __enter__(self) -> Peak:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
+def Peak(node: Path, names: Sequence[str]) -> UsageSampler:
+    """The most bytes of streamed parts the node held (every named cache's together)."""
+    return UsageSampler(node, [node / "yogadl_local_cache" / ".parts" / name / VERSION for name in names], 0.005)
 
 
 # -- one process: a mixture's components -----------------------------------------------------------

@@ -29,7 +29,7 @@ import numpy as np
 import pytest
 
 from tests.cloud_helpers import Cloud, unique
-from tests.streaming_helpers import bytes_on_disk
+from tests.streaming_helpers import UsageSampler
 from yogacache.mixture import Component, Mixture
 from yogacache.read import pipeline
 from yogacache.store import streaming
@@ -153,30 +153,11 @@ def check_reference(
     assert epochs[0] != epochs[1], "epoch 1 repeats epoch 0's order"
 
 
-class Peak:
+def Peak(node: Path) -> UsageSampler:
     """The most bytes of streamed parts the node held, every component's together."""
-
-    def __init__(self, node: Path) -> None:
-        self.root = node / "yogadl_local_cache" / ".parts"
-        self.peak = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def held(self) -> int:
-        return sum(bytes_on_disk(self.root / name / VERSION) for name, *_ in COMPONENTS)
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            self.peak = max(self.peak, self.held())
-            self._stop.wait(0.005)
-
-    def __enter__(self) -> Peak:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
+    return UsageSampler(
+        node, [node / "yogadl_local_cache" / ".parts" / name / VERSION for name, *_ in COMPONENTS], 0.005
+    )
 
 
 def synced_reference(objects: Any, node: Path, **args: Any) -> list[list[int]]:
