@@ -5,7 +5,14 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip --disable-pip-version-check
 PYTEST_ARGS ?=
 
-.PHONY: demo test lint typecheck bench bench-quick clean
+# The inner loop: the pure-logic tests (orders, resume states, mixtures, codec, names, secrets,
+# budgets), no emulator, about 1.5 minutes on 2 cores. `make test` remains the whole suite.
+FAST_TESTS := tests/test_permutation.py tests/test_sampler.py tests/test_read_options.py \
+	tests/test_shuffle_modes.py tests/test_state_contract.py tests/test_mixture_properties.py \
+	tests/test_codec.py tests/test_names.py tests/test_manifest_codec.py tests/test_manifest_validation.py \
+	tests/test_pages.py tests/test_readorder.py tests/test_element_edges.py tests/test_secrets.py tests/test_budget.py
+
+.PHONY: demo test test-fast lint typecheck bench bench-quick clean
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -30,6 +37,9 @@ $(VENV)/azurite/.installed: $(VENV)/bin/python
 
 test: $(VENV)/.installed-dev $(VENV)/azurite/.installed
 	AZURITE_BLOB=$(abspath $(VENV))/azurite/node_modules/.bin/azurite-blob $(PY) -m pytest $(PYTEST_ARGS)
+
+test-fast: $(VENV)/.installed-dev
+	$(PY) -m pytest -q -m "not slow" $(FAST_TESTS) $(PYTEST_ARGS)
 
 # Layers (import-linter contracts in pyproject.toml), style and types: run by .ci/run before the tests.
 lint: $(VENV)/.installed-dev
