@@ -756,7 +756,8 @@ class CacheReader:
         """Acquires part ``index`` from the provider and opens its environment (released again
         when that fails)."""
         provider = self._provider
-        assert provider is not None  # noqa: S101 - callers check
+        if provider is None:
+            raise RuntimeError(f"part {index} of {self.directory}: this reader reads its parts in place, it has no provider")
         part = self.manifest.parts[index]
         path = provider.acquire(index)
         try:
