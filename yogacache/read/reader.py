@@ -757,7 +757,7 @@ class CacheReader:
         when that fails)."""
         provider = self._provider
         if provider is None:
-            raise RuntimeError(f"part {index} of {self.directory}: this reader reads its parts in place, it has no provider")
+            raise RuntimeError(f"part {index} of {self.directory}: this reader reads its parts in place (no provider)")
         part = self.manifest.parts[index]
         path = provider.acquire(index)
         try:
