@@ -294,8 +294,9 @@ class StreamingParts:
 
     def close(self) -> None:
         """Stops fetching ahead (queued fetches are dropped, running ones stop at their next
-        chunk or before their next retry, their temporary files removed), releases every part
-        the reader still holds, and takes the reader out of its process's lease."""
+        chunk or before their next retry, their temporary files removed, and close returns
+        once they have), releases every part the reader still holds, and takes the reader out
+        of its process's lease."""
         if self._pid != os.getpid():
             return
         with self._lock:
@@ -306,7 +307,10 @@ class StreamingParts:
             self._registered = False
         stopping.set()
         if pool is not None:
-            pool.shutdown(wait=False, cancel_futures=True)
+            # Running fetches stop at their next chunk; waiting for them means no request of
+            # this reader reaches the store, and no temporary file of it is left, after close.
+            in_pool = threading.current_thread().name.startswith("yogacache-stream")
+            pool.shutdown(wait=not in_pool, cancel_futures=True)
         lease = budget.existing_lease(self.root)
         if lease is not None:
             for index, count in held.items():
