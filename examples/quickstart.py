@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
+import sys
 import time
 import warnings
 
@@ -114,7 +116,19 @@ def main() -> None:
     elapsed = time.perf_counter() - start
     _, accuracy = model.evaluate(train.batch(256).map(to_xy), verbose=0)
     print(f"trained a tiny Keras model for {epochs} epochs in {elapsed:.2f} s: final accuracy {accuracy:.2f}")
-    print(f"run `yogacache ls` to see the cache; `yogacache rm quickstart-images n{args.records}_train` removes it")
+    cli = command_path()
+    print(f"run `{cli} ls` to see the cache; `{cli} rm quickstart-images n{args.records}_train` removes it")
+
+
+def command_path() -> str:
+    """How to run this interpreter's ``yogacache`` command from here: its name where it is the
+    one on PATH, else its path (``.venv/bin/yogacache`` after ``make demo``)."""
+    script = os.path.join(os.path.dirname(sys.executable), "yogacache")
+    found = shutil.which("yogacache")
+    if found is not None and os.path.realpath(found) == os.path.realpath(script):
+        return "yogacache"
+    relative = os.path.relpath(script)
+    return relative if not relative.startswith("..") else script
 
 
 if __name__ == "__main__":

@@ -256,3 +256,19 @@ def test_the_readme_config_table_matches_the_validator(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="together"):
         parse_config({"type": "s3", "bucket": "b", "local_cache_host_path": str(tmp_path)})
     parse_config({"type": "gcs", "bucket": "b", "local_cache_host_path": "/h", "local_cache_container_path": "/c"})
+
+
+# -- the command with nothing after it, and the storages it names -----------------------------------
+def test_no_command_lists_the_commands() -> None:
+    result = run_cli()
+    assert result.returncode == 2
+    for name in ("ls", "info", "verify", "rm", "build", "pull", "push", "copy", "migrate", "gc", "export", "import"):
+        assert re.search(rf"^\s+{name}\s", result.stderr, re.M), f"{name} missing from:\n{result.stderr}"
+
+
+def test_help_names_every_storage_scheme() -> None:
+    text = run_cli("--help").stdout
+    description = text.split("positional arguments:")[0]
+    assert "az://" in description, description
+    storage_help = text.split("options:", 1)[1].split("--storage DIR|URL|FILE", 1)[1].split("--endpoint-url")[0]
+    assert "az://container/prefix" in " ".join(storage_help.split()), storage_help

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -27,3 +29,9 @@ def test_quickstart_prints_no_tensorflow_noise(tmp_path: Path) -> None:
     ]
     assert noise == [], result.stderr
     assert "final accuracy" in result.stdout
+    # The last line's command runs as printed: on PATH, or the venv's script by its path.
+    command = re.search(r"run `(\S+) ls`", result.stdout)
+    assert command is not None, result.stdout
+    found = shutil.which(command.group(1))
+    assert found is not None, f"the demo says to run {command.group(1)!r}, which is not a command here"
+    assert os.path.samefile(found, Path(sys.executable).parent / "yogacache"), found

@@ -99,6 +99,8 @@ def test_gc_needs_a_budget_and_leaves_shared_fs_alone(s3_server: Any, tmp_path: 
     CacheStore(shared).build("x", "v1", data(10))
     done = run_cli("gc", "--storage", str(shared), "--limit", "1")
     assert done.returncode == 0 and "nothing to collect" in done.stdout
+    typo = run_cli("gc", "--storage", str(shared), "--limit", "10XB")  # a typo fails on any storage
+    assert typo.returncode == 1 and "--limit" in typo.stderr and "Ki Mi Gi Ti" in typo.stderr, typo.stderr
     assert (shared / "x" / "v1" / "manifest.json").is_file()
 
 

@@ -274,13 +274,15 @@ def cmd_gc(store: Store, args: argparse.Namespace) -> int:
     from yogacache.store.eviction import collect
 
     remote = store.remote
+    limit = parse_size(args.limit, "--limit") if args.limit is not None else None  # a typo is an error anywhere
     if remote is None:
         print(
             f"nothing to collect under {store.root}: its caches are the only copies "
             "(shared_fs or local, never evicted)"
         )
         return 0
-    limit = parse_size(args.limit, "--limit") if args.limit is not None else remote.local_cache_limit
+    if limit is None:
+        limit = remote.local_cache_limit
     if limit is None:
         raise ConfigError(
             'gc needs a budget: pass --limit SIZE (e.g. 200Gi) or set "local_cache_limit" in the storage config'

@@ -120,6 +120,9 @@ def _stdout_gone() -> bool:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = build_parser()
+    if not (sys.argv[1:] if argv is None else argv):  # no command: say which there are
+        parser.print_help(sys.stderr)
+        return 2
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(message)s")
     redaction.add_to_handlers(logging.getLogger().handlers)  # what -v prints, any library's records too

@@ -29,9 +29,9 @@ examples:
   yogacache rm mnist v1 --remote --storage s3://bucket/caches
   yogacache --storage s3://bucket/caches ls  global options also go first
 
---storage takes a directory, an s3://bucket/prefix or gs://bucket/prefix URL, a file:// URL, or
-a JSON/YAML file holding Determined's data_layer mapping; default ${STORAGE_ENV}, else the local
-default store ({default_cache_root()}). Global options go before or after the command.
+--storage takes a directory, an s3://bucket/prefix, gs://bucket/prefix or az://container/prefix
+URL, a file:// URL, or a JSON/YAML file holding Determined's data_layer mapping; default
+${STORAGE_ENV}, else the local default store ({default_cache_root()}). Global options go before or after the command.
 """
 
 
@@ -80,7 +80,8 @@ def _add_global_options(parser: argparse.ArgumentParser, *, suppress: bool) -> N
         "--storage",
         default=default(None),
         metavar="DIR|URL|FILE",
-        help="where caches are: a directory, s3://bucket/prefix, gs://bucket/prefix, file:///path, "
+        help="where caches are: a directory, s3://bucket/prefix, gs://bucket/prefix, az://container/prefix, "
+        "file:///path, "
         f"or a JSON/YAML data_layer config file (default ${STORAGE_ENV}, else {default_cache_root()})",
     )
     parser.add_argument(
@@ -106,7 +107,7 @@ class ArgumentParser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     parser = ArgumentParser(
         prog="yogacache",
-        description="Manage yogacache dataset caches: local directories, S3 (s3://) and GCS (gs://).",
+        description="Manage yogacache dataset caches: local directories, S3 (s3://), GCS (gs://) and Azure (az://).",
         epilog=EXAMPLES,
         formatter_class=HelpFormatter,
     )
