@@ -67,6 +67,11 @@ def test_config_takes_streaming_and_local_cache_limit() -> None:
         parse_config({**raw, "local_cache_limit": "lots"})
     with pytest.raises(ConfigError, match="more than 0 bytes"):
         parse_config({**raw, "local_cache_limit": 0})
+    # A number without a unit is bytes: one too small for any cache is refused when the config is
+    # read (not first when a cache is opened), with the unit it probably lacks.
+    with pytest.raises(ConfigError, match=r'local_cache_limit .100. \(100 bytes\) cannot hold .* such as "100Gi"'):
+        parse_config({**raw, "local_cache_limit": "100"})
+    assert parse_config({**raw, "local_cache_limit": "24Ki"}).local_cache_limit == 24 * 1024  # type: ignore[union-attr]
     with pytest.raises(ConfigError, match="unknown data_layer keys"):
         parse_config({"type": "shared_fs", "host_storage_path": "/x", "local_cache_limit": "1G"})
 

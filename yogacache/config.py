@@ -241,11 +241,17 @@ def _streaming_options(raw: Mapping[str, Any]) -> dict[str, Any]:
     streaming = raw.get("streaming", False)
     if not isinstance(streaming, bool):
         raise ConfigError(f"data_layer.streaming must be true or false, got {streaming!r}")
-    limit = raw.get("local_cache_limit")
+    limit = given = raw.get("local_cache_limit")
     if limit is not None:
         limit = parse_size(limit, "data_layer.local_cache_limit")
         if limit == 0:
             raise ConfigError("data_layer.local_cache_limit must be more than 0 bytes (or null: no limit)")
+        if limit < PARTS_IN_FLIGHT * SMALLEST_PART_FILE:
+            raise ConfigError(
+                f"data_layer.local_cache_limit {given!r} ({limit} bytes) cannot hold the {PARTS_IN_FLIGHT} parts a "
+                f"streamed read needs of any cache: a part file takes at least {format_size(SMALLEST_PART_FILE)}. "
+                f'Give a size with its unit, such as "{limit}Gi" (K M G T or Ki Mi Gi Ti)'
+            )
     return {"streaming": streaming, "local_cache_limit": limit, "part_bytes": _part_bytes(raw)}
 
 
@@ -256,6 +262,11 @@ def _part_bytes(raw: Mapping[str, Any]) -> Optional[int]:
 
 #: Parts a streamed read holds at once at the least: the one read and the next one fetched.
 PARTS_IN_FLIGHT = 2
+
+#: The least a part file takes, whatever its records: LMDB's two meta pages and a leaf page of
+#: 4 KiB. A budget under two of them holds no cache at all (checked when a config is read; a
+#: budget against a cache's own parts is checked when the cache is opened).
+SMALLEST_PART_FILE = 3 * 4096
 
 
 def check_part_budget(part_bytes: Optional[int], limit: Optional[int], prefix: str = "") -> None:
