@@ -10,7 +10,8 @@ MAX_NAME_LENGTH = 128
 # DataLayer stores a user's version V as V + "_train" or V + "_val".
 VERSION_SUFFIXES = ("_train", "_val")
 
-_SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]*")
+# One safe path component (``validate_name``; a manifest checks its part names against it at once).
+SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]*")
 
 
 def validate_name(value: object, what: str, max_length: int = MAX_NAME_LENGTH) -> str:
@@ -26,7 +27,7 @@ def validate_name(value: object, what: str, max_length: int = MAX_NAME_LENGTH) -
         raise InvalidNameError(f"{what} must not be empty")
     if len(value) > max_length:
         raise InvalidNameError(f"{what} is {len(value)} characters long; the limit is {max_length}")
-    if not _SAFE_NAME.fullmatch(value):
+    if not SAFE_NAME.fullmatch(value):
         raise InvalidNameError(
             f"{what} {value!r} is not allowed: use letters, digits, '_', '.' and '-', "
             "starting with a letter or digit (no path separators, no '.' or '..')"
