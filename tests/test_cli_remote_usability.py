@@ -102,3 +102,27 @@ def test_ls_keeps_listing_when_a_published_manifest_is_unreadable(s3_remote: Rem
     listed = remote.cli("ls", "--json")
     assert listed.returncode == 0, listed.stderr
     assert ("mnist", "v1") in {(r["dataset_id"], r["dataset_version"]) for r in json.loads(listed.stdout)}
+
+
+def test_a_published_cache_with_no_local_copy_is_named_as_such(s3_remote: Remote) -> None:
+    """``verify``/``rm`` act on this node's copy: of a cache published but not on the node, they
+    say so and that ``pull`` fetches it (not "did you mean" the very name typed)."""
+    remote = s3_remote
+    remote.node("node-a").build("stream-demo", "v1", dataset(20))
+    for command, extra in (("verify", []), ("rm", ["-y"])):
+        result = remote.cli(command, "stream-demo", "v1", *extra)
+        assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
+        assert "no local copy of stream-demo v1 on this node" in result.stderr, result.stderr
+        assert "`yogacache pull stream-demo v1` fetches it" in result.stderr, result.stderr
+        assert "did you mean" not in result.stderr, result.stderr
+    assert "--remote` removes the published one" in result.stderr
+    assert remote.node("node-c").remote_manifest("stream-demo", "v1") is not None  # nothing removed
+
+
+def test_a_wrong_version_of_an_existing_dataset_lists_its_versions(s3_remote: Remote) -> None:
+    remote = s3_remote
+    for version in ("2024-01", "2024-02"):
+        remote.node("node-a").build("imagenet", version, dataset(5))
+    result = remote.cli("info", "imagenet", "v7")
+    assert result.returncode == 1, result.stderr
+    assert "imagenet has version(s): 2024-01, 2024-02" in result.stderr, result.stderr

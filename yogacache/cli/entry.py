@@ -41,23 +41,25 @@ def _exit_at_once(signum: int, frame: Optional[FrameType]) -> None:
 
 
 # -- errors ------------------------------------------------------------------------------------
-def _suggestions(store: Store, dataset_id: str, version: str) -> list[str]:
-    """Caches whose names are close to the one asked for (``n20000`` -> ``n20000_train``)."""
-    try:
-        entries = store.list()
-    except Exception:  # a suggestion is a courtesy: never let it hide the real error
-        return []
-    versions = [e.dataset_version for e in entries if e.dataset_id == dataset_id]
+def _hint(entries: list[Any], dataset_id: str, version: str) -> str:
+    """What to say after "no cache X V": the caches whose names are close to the one asked for
+    (``n20000`` -> ``n20000_train``), else, for a dataset that exists, its versions."""
+    versions = sorted({e.dataset_version for e in entries if e.dataset_id == dataset_id} - {version})
     if versions:
-        close = [v for v in versions if v.startswith(version) and v != version]
+        close = [v for v in versions if v.startswith(version)]
         close += [v for v in difflib.get_close_matches(version, versions, n=4, cutoff=0.6) if v not in close]
-        return [f"{dataset_id} {v}" for v in close[:4]]
-    ids = sorted({e.dataset_id for e in entries})
-    return [
-        f"{i} {version}"
-        for i in difflib.get_close_matches(dataset_id, ids, n=4, cutoff=0.6)
-        if any(e.dataset_id == i and e.dataset_version == version for e in entries)
-    ] or [f"{i} ..." for i in difflib.get_close_matches(dataset_id, ids, n=3, cutoff=0.6)]
+        if not close:
+            shown = ", ".join(versions[:8]) + (f" and {len(versions) - 8} more" if len(versions) > 8 else "")
+            return f"; {dataset_id} has version(s): {shown}"
+        suggestions = [f"{dataset_id} {v}" for v in close[:4]]
+    else:
+        ids = sorted({e.dataset_id for e in entries} - {dataset_id})
+        suggestions = [
+            f"{i} {version}"
+            for i in difflib.get_close_matches(dataset_id, ids, n=4, cutoff=0.6)
+            if any(e.dataset_id == i and e.dataset_version == version for e in entries)
+        ] or [f"{i} ..." for i in difflib.get_close_matches(dataset_id, ids, n=3, cutoff=0.6)]
+    return "; did you mean: " + ", ".join(suggestions) + "?" if suggestions else ""
 
 
 def _not_found_message(store: Store, args: argparse.Namespace, error: CacheNotFoundError) -> str:
@@ -68,16 +70,27 @@ def _not_found_message(store: Store, args: argparse.Namespace, error: CacheNotFo
         where = store.location(dataset_id, version)
     except YogaCacheError:
         return str(error)
+    try:
+        entries = list(store.list())
+    except Exception:  # a hint is a courtesy: never let it hide the real error
+        entries = []
     # About a remote cache: name the remote, not the local copies' directory.
     about_remote = args.command in ("info", "pull") or (args.command == "rm" and args.remote)
-    if store.remote_url is not None and about_remote:
-        message = f"no cache {dataset_id} {version} at {where}"
-    else:
+    if store.remote_url is None or not about_remote:
         message = str(error)
-    suggestions = _suggestions(store, dataset_id, version)
-    if suggestions:
-        message += "; did you mean: " + ", ".join(suggestions) + "?"
-    return message
+        published = any(e.dataset_id == dataset_id and e.dataset_version == version for e in entries)
+        if store.remote_url is not None and published:
+            # Published, with no copy on this node: the name was right, the copy is missing.
+            also = ""
+            if args.command == "rm":
+                also = f"; `yogacache rm {dataset_id} {version} --remote` removes the published one"
+            return (
+                f"no local copy of {dataset_id} {version} on this node (it is published at {where}): "
+                f"`yogacache pull {dataset_id} {version}` fetches it{also}"
+            )
+    else:
+        message = f"no cache {dataset_id} {version} at {where}"
+    return message + _hint(entries, dataset_id, version)
 
 
 def _missing_library(error: ImportError) -> str:
