@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import builtins
 import os
+import threading
 import time
 import uuid
 from collections.abc import Iterable, Iterator
@@ -318,9 +319,9 @@ class AzureObjectStore(CopyableObjectStore, PinnedObjectStore):
     def upload_file(self, path: Path, key: str, progress: Optional[ProgressCallback] = None) -> None:
         """Put Blob, or blocks past 64 MiB, in parallel; the file's CRC32C goes into the metadata."""
         crc = crc32c_file(Path(path))
+        hook = _ProgressHook(progress)  # one per file: a retry does not count its bytes again
 
         def call() -> None:
-            hook = _ProgressHook(progress)
             with open(path, "rb") as handle:
                 self._blob(key).upload_blob(
                     handle,
@@ -339,9 +340,9 @@ class AzureObjectStore(CopyableObjectStore, PinnedObjectStore):
         """With ``size``, a ranged download of ``size + 1`` bytes into a ``SizedWriter``: a blob of
         another size raises ObjectSizeError (its size asked of a HEAD) with at most ``size`` bytes
         written."""
+        hook = _ProgressHook(progress)  # one per file: a retry does not count its bytes again
 
         def call() -> None:
-            hook = _ProgressHook(progress)
             ranged = {} if size is None else {"offset": 0, "length": size + 1}
             try:
                 try:
@@ -599,13 +600,17 @@ def _unquoted(etag: Optional[str]) -> Optional[str]:
 
 
 class _ProgressHook:
-    """The client's ``progress_hook(current, total)`` as byte counts since the last call."""
+    """The client's ``progress_hook(current, total)`` as byte counts since the last call. The
+    client calls it from each of its ``max_concurrency`` threads, the counts out of order: the
+    most seen so far is kept under a lock, so every byte counts once."""
 
     def __init__(self, progress: Optional[ProgressCallback]) -> None:
         self._progress = progress
         self._done = 0
+        self._lock = threading.Lock()
 
     def __call__(self, current: int, total: Optional[int]) -> None:
-        if self._progress and current > self._done:
-            self._progress(current - self._done)
-        self._done = max(self._done, current)
+        with self._lock:
+            added, self._done = max(0, current - self._done), max(self._done, current)
+        if self._progress and added:
+            self._progress(added)

@@ -139,6 +139,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(message)s")
     redaction.add_to_handlers(logging.getLogger().handlers)  # what -v prints, any library's records too
+    # -v says what yogacache does; the cloud SDKs' per-request INFO records (Azure logs every
+    # request's and response's headers) are theirs: their warnings and errors still show.
+    for sdk in ("azure", "botocore", "boto3", "s3transfer", "google", "urllib3"):
+        logging.getLogger(sdk).setLevel(logging.WARNING)
     if not args.verbose:
         # The cloud libraries' notices about this Python's support window are not the
         # command's output (google.api_core warns on every import within a year of an EOL).
