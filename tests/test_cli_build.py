@@ -43,6 +43,21 @@ def test_build_from_a_file_and_from_a_module(tmp_path: Path) -> None:
         ("v2", 250),
     ]
     assert store.verify("ds", "v2").num_records == 250
+    # A plain version is not what DataLayer.cache_train_dataset reads: the build says so.
+    assert "cache_train_dataset('ds', 'v1') reads version v1_train" in by_file.stdout, by_file.stdout
+    assert "replacing" not in by_file.stderr
+
+
+def test_build_over_an_existing_cache_says_it_replaces_it(tmp_path: Path) -> None:
+    (tmp_path / "my_data.py").write_text(SOURCE)
+    storage = tmp_path / "caches"
+    first = run_cli("build", "ds", "v1_train", "my_data:make", "--storage", str(storage), cwd=tmp_path)
+    assert first.returncode == 0 and "replacing" not in first.stderr, first.stderr
+    assert "cache_train_dataset" not in first.stdout  # a _train version is the one it reads
+    again = run_cli("build", "ds", "v1_train", "my_data:make", "--storage", str(storage), cwd=tmp_path)
+    assert again.returncode == 0, again.stderr
+    assert f"replacing ds v1_train at {storage / 'ds' / 'v1_train'} (250 records)" in again.stderr, again.stderr
+    assert CacheStore(storage).verify("ds", "v1_train").num_records == 250
 
 
 def test_build_with_a_wrong_function_name_is_one_clear_line(tmp_path: Path) -> None:

@@ -67,9 +67,35 @@ def cmd_build(store: Store, args: argparse.Namespace) -> int:
         from yogacache.parallel import parallel_maker
 
         make_data = parallel_maker(make_data, args.workers or 1, args.build_shards)
+    where = store.location(args.dataset_id, args.version)
+    replaced = _existing(store, args.dataset_id, args.version)
+    if replaced is not None:  # `rm` asks; `build` rebuilds, as its help says, but not silently
+        print(
+            f"yogacache: replacing {args.dataset_id} {args.version} at {where} "
+            f"({replaced.num_records:,} records); readers that have it open keep reading the old build",
+            file=sys.stderr,
+        )
     manifest = store.build(args.dataset_id, args.version, make_data())
     print(
         f"built {args.dataset_id} {args.version}: {manifest.num_records:,} records, "
-        f"{format_bytes(manifest.total_size_bytes)} on disk, at {store.location(args.dataset_id, args.version)}"
+        f"{format_bytes(manifest.total_size_bytes)} on disk, at {where}"
     )
+    if not args.version.endswith(("_train", "_val")):
+        # DataLayer.cache_train_dataset(id, v) and cache_validation_dataset read "<v>_train" and
+        # "<v>_val" (YogaDL's names): a cache built as plain "<v>" is not theirs.
+        print(
+            f"note: DataLayer.cache_train_dataset({args.dataset_id!r}, {args.version!r}) reads version "
+            f"{args.version}_train (and cache_validation_dataset {args.version}_val); build those versions "
+            "for it, or read this one with store.open / CacheDataRef"
+        )
     return 0
+
+
+def _existing(store: Store, dataset_id: str, version: str) -> Any:
+    """The manifest of the cache a build would replace, or None."""
+    from yogacache.errors import CacheNotFoundError
+
+    try:
+        return store.manifest(dataset_id, version)
+    except CacheNotFoundError:
+        return None
