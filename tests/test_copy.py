@@ -175,8 +175,7 @@ def test_a_shared_fs_cache_copies_to_a_bucket_and_back(request: pytest.FixtureRe
     config = {"type": "shared_fs", "host_storage_path": str(shared)}
     report = copy_cache(config, bucket.objects, "ds", "v1", show_progress=False)
     assert report.published and published(bucket).freshness == built.freshness
-    back = tmp_path / "back"
-    back.mkdir()
+    back = tmp_path / "back" / "made"  # a destination directory is made, as export --to makes its own
     copy_cache(bucket.objects, str(back), "ds", "v1", show_progress=False)
     # The copy back is a sealed cache directory a local store opens (parts named part-NNNNN).
     reader = CacheStore(back, show_progress=False).open("ds", "v1")

@@ -45,6 +45,7 @@ from yogacache.errors import CacheNotFoundError, ConfigError, CorruptCacheError,
 from yogacache.format.checksum import encode_crc32c
 from yogacache.format.manifest import Manifest, PartInfo
 from yogacache.progress import TransferProgress, waiter
+from yogacache.safefs import make_directories
 from yogacache.store import keys, publish
 from yogacache.store.lease import DEFAULT_LEASE_SECONDS, Lease, LeaseTimes
 from yogacache.store.transfers import HashedChunks, run_transfers, stream_part
@@ -93,10 +94,11 @@ class CacheLocation:
 Target = Union[CacheLocation, str, "os.PathLike[str]", Mapping[str, Any], Any]
 
 
-def open_location(target: Target, *, endpoint_url: Optional[str] = None) -> CacheLocation:
+def open_location(target: Target, *, endpoint_url: Optional[str] = None, create: bool = False) -> CacheLocation:
     """The storage ``target`` names: what ``store.target.parse_target`` reads (a URL, a
-    ``data_layer`` mapping or config file, a shared_fs directory, which must exist), an object
-    store (bucket layout), or a remote store."""
+    ``data_layer`` mapping or config file, a shared_fs directory, which must exist unless
+    ``create``: a copy's destination directory is made, as ``export --to`` makes its own), an
+    object store (bucket layout), or a remote store."""
     from yogacache.backends.files import FileObjectStore
     from yogacache.store.target import parse_target
 
@@ -107,10 +109,12 @@ def open_location(target: Target, *, endpoint_url: Optional[str] = None) -> Cach
     objects = getattr(target, "objects", None)
     if objects is not None:  # a RemoteCacheStore
         return CacheLocation(cast(CopyableObjectStore, objects))
-    location = parse_target(target, endpoint_url=endpoint_url, must_exist=True)
+    location = parse_target(target, endpoint_url=endpoint_url, must_exist=not create)
     if location.url is not None:
         return CacheLocation(cast(CopyableObjectStore, location.open_backend()))
     if location.directory is not None:
+        if create:
+            make_directories(location.directory)
         return CacheLocation(FileObjectStore(location.directory), build_prefixed=False)
     if location.config is None:
         raise ConfigError("a copy needs a storage to copy from and one to copy to, not the local default")
@@ -165,7 +169,7 @@ def copy_cache(
     source part does not match its manifest or a destination part does not match after the copy.
     """
     src = open_location(source, endpoint_url=endpoint_url)
-    dst = open_location(destination, endpoint_url=endpoint_url)
+    dst = open_location(destination, endpoint_url=endpoint_url, create=True)
     keys.cache_key(dataset_id, dataset_version)  # validates both names
     manifest, _ = _source_manifest(src, dataset_id, dataset_version)
     if any(part.crc32c is None for part in manifest.parts):
