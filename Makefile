@@ -12,7 +12,7 @@ FAST_TESTS := tests/test_permutation.py tests/test_sampler.py tests/test_read_op
 	tests/test_codec.py tests/test_names.py tests/test_manifest_codec.py tests/test_manifest_validation.py \
 	tests/test_pages.py tests/test_readorder.py tests/test_element_edges.py tests/test_secrets.py tests/test_budget.py
 
-.PHONY: demo test test-fast lint typecheck bench bench-quick clean
+.PHONY: demo test test-fast lint typecheck bench bench-quick clean docs
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -22,7 +22,7 @@ $(VENV)/.installed: $(VENV)/bin/python setup.cfg pyproject.toml
 	touch $@
 
 $(VENV)/.installed-dev: $(VENV)/.installed
-	$(PIP) install -q -e '.[all,dev]' 'torch==2.13.0'
+	$(PIP) install -q -e '.[all,dev,docs]' 'torch==2.13.0'
 	# The reference implementation the sampler's order is checked against (pure-Python parts only).
 	$(PIP) install -q --no-deps 'yogadl==0.1.4'
 	touch $@
@@ -41,6 +41,11 @@ test: $(VENV)/.installed-dev $(VENV)/azurite/.installed
 test-fast: $(VENV)/.installed-dev
 	$(PY) -m pytest -q -m "not slow" $(FAST_TESTS) $(PYTEST_ARGS)
 
+# The documentation site, strictly (a warning, a broken link or anchor fails it), into site/.
+# make test builds it too, and loads every page in headless Chromium (tests/test_docs_site.py).
+docs: $(VENV)/.installed-dev
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir site
+
 # Layers (import-linter contracts in pyproject.toml), style and types: run by .ci/run before the tests.
 lint: $(VENV)/.installed-dev
 	$(PY) -m ruff check yogacache tests examples benchmarks
@@ -54,4 +59,4 @@ bench-quick: $(VENV)/.installed
 	$(PY) benchmarks/bench_core.py --quick
 
 clean:
-	rm -rf $(VENV) build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) build dist site *.egg-info .pytest_cache .mypy_cache .ruff_cache
