@@ -102,6 +102,9 @@ def test_global_options_work_before_and_after_the_command(deep_root: Path) -> No
 
     expected = ["n20000_train", "n20000_val", "v1"]
     assert ids(run_cli("--storage", str(deep_root), "ls", "--json")) == expected
+    # A plain local store's caches are their only copies: current, not "out of date".
+    rows = json.loads(run_cli("--storage", str(deep_root), "ls", "--json").stdout)
+    assert [row["local_current"] for row in rows] == [True] * len(rows), rows
     assert ids(run_cli("ls", "--json", "--storage", str(deep_root))) == expected
     assert ids(run_cli("-v", "--storage", str(deep_root), "ls", "--json")) == expected
     info = run_cli("--storage", str(deep_root), "info", "quickstart-images", "n20000_val")

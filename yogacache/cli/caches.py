@@ -17,7 +17,7 @@ from yogacache.progress import format_bytes
 from yogacache.store import CacheEntry, Store, open_store
 
 
-def _row(entry: CacheEntry) -> dict[str, Any]:
+def _row(entry: CacheEntry, published: bool = True) -> dict[str, Any]:
     manifest = entry.manifest
     return {
         "dataset_id": entry.dataset_id,
@@ -31,7 +31,8 @@ def _row(entry: CacheEntry) -> dict[str, Any]:
         "path": str(entry.local_path) if entry.local_path else None,
         "remote_url": entry.remote_url,
         "local_path": str(entry.local_path) if entry.local_path and entry.local else None,
-        "local_current": entry.current,
+        # A store without a remote: its cache is the local copy, current by definition.
+        "local_current": entry.current if published else entry.local is not None,
         **({"error": entry.error} if entry.error else {}),
     }
 
@@ -44,7 +45,7 @@ def cmd_ls(store: Store, args: argparse.Namespace) -> int:
     usage = _local_usage(store)
     if args.json:
         mirrors = _mirror_fields(store)
-        listed = [{**_row(entry), **_usage_fields(usage, entry)} for entry in entries]
+        listed = [{**_row(entry, store.remote_url is not None), **_usage_fields(usage, entry)} for entry in entries]
         if mirrors is not None:  # a storage with mirrors: which of them holds which build
             for fields in listed:
                 fields["mirrors"] = mirrors.get((fields["dataset_id"], fields["dataset_version"]), [])
