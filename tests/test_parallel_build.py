@@ -382,9 +382,13 @@ class Unpicklable:
 
 
 def test_a_dataset_that_cannot_reach_a_worker_gets_a_clear_error(tmp_path: Path) -> None:
+    """Spawned workers are sent the dataset (forked ones inherit it: tests/test_build_scale.py)."""
     store = CacheStore(tmp_path, show_progress=False)
-    with pytest.raises(BuildError, match=r"build shard 0 could not be run in a worker process: TypeError: .*lock"):
-        store.build("ds", "v1", sharded(Unpicklable(), 2))
+    with pytest.raises(BuildError, match=r"dataset of this build \(Unpicklable\) could not be sent .*TypeError.*lock"):
+        store.build("ds", "v1", sharded(Unpicklable(), 2, start_method="spawn", in_process_below=0))
+    assert leftovers(tmp_path) == []
+    with pytest.raises(BuildError, match=r"build shard 1 could not be run in a worker process: TypeError: .*lock"):
+        store.build("ds", "v1", sharded([CallShard(records_of, (0, 10)), CallShard(records_of, (Unpicklable(),))], 2))
     assert leftovers(tmp_path) == []
 
 

@@ -1,13 +1,24 @@
-"""Parallel build on one node: build shards written by spawned worker processes, sealed by the driver.
+"""Parallel build on one node: build shards written by worker processes, sealed by the driver.
 
 ``ShardedBuild`` is what a store's build is handed instead of a dataset (``sharded(data,
-workers=N)``): its ``write_cache`` runs the shards on ``workers`` fresh processes (``spawn``:
-safe with TensorFlow, CUDA and threads), each shard writing its own parts into the build's
-temporary directory; the driver lists them in shard order in the manifest, written last, and
-renames the directory into place, as a one-process build does. A worker that dies (SIGKILL,
-out of memory) breaks the pool: the shards it left unfinished are written again from scratch
-by a new pool, up to ``retries`` times; an exception in the user's function fails the build
-with a message naming its shard. Whatever fails, nothing is visible and the temporary
+workers=N)``): its ``write_cache`` runs the shards on ``workers`` processes, each shard writing
+its own parts into the build's temporary directory; the driver lists them in shard order in the
+manifest, written last, and renames the directory into place, as a one-process build does.
+
+A job names its build shard, never the data of an index range: a worker finds the dataset of
+the build's index ranges (a list, a map-style dataset) in its own memory, so each record is
+read once in all, whatever the number of shards. Workers are forked (``fork``) when the build
+has index ranges and forking is safe (Linux, and neither TensorFlow nor JAX imported nor CUDA
+started here): they inherit the dataset, and nothing of it is pickled. Otherwise they are
+spawned (fresh interpreters: safe with TensorFlow, CUDA and threads), and each makes the dataset
+once: by calling the function that made it again (``sharded(..., remake=)``, which
+``parallel_maker``, the decorators and the CLI pass), else from a copy pickled once per worker.
+Other build shards (builder calls, callables, objects) are small recipes, sent to spawned
+workers as they are. ``ShardedBuild.sent`` says what the last build sent.
+
+A worker that dies (SIGKILL, out of memory) breaks the pool: the shards it left unfinished are
+written again from scratch by a new pool, up to ``retries`` times; an exception in the user's
+function fails the build with a message naming its shard. Whatever fails, nothing is visible and the temporary
 directory goes (or, if the driver itself is killed, the next build removes it).
 """
 
@@ -18,6 +29,7 @@ import copy
 import multiprocessing
 import multiprocessing.reduction
 import os
+import pickle
 import queue
 import shutil
 import sys
@@ -26,6 +38,7 @@ import time
 import uuid
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, ThreadPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
@@ -39,12 +52,15 @@ from yogacache.format.spec import Spec
 from yogacache.format.writer import DEFAULT_PART_SIZE, BuildLimits
 from yogacache.parallel.shards import (
     BuildShard,
+    BuildShardError,
+    CallShard,
     IndexRange,
     ShardResult,
     as_shards,
     assemble_manifest,
     builder_shards,
     known_offsets,
+    portable_pickle,
     write_shard,
 )
 from yogacache.progress import Progress
@@ -104,21 +120,85 @@ class ProgressTotals:
         return done
 
 
+# -- the dataset of index ranges reaches each worker once, never once per job ----------------------
+
+# In the driver, during a forked build: token -> the dataset of the build's index ranges (its
+# workers inherit it). In a worker: the datasets it has made, by token.
+_SHARED: dict[str, Any] = {}
+# In a spawned worker, from its initializer: token -> ("recipe" | "data", pickled CallShard or dataset).
+_SENT: dict[str, tuple[str, bytes]] = {}
+
+
+@dataclass(frozen=True)
+class SharedData:
+    """Stands in a job's ``IndexRange`` for the dataset of the build's index ranges: the worker
+    finds it under ``token`` in ``_SHARED`` (forked: inherited), or makes it once from what its
+    initializer was sent (spawned: a call of the function that made it, or a pickled copy)."""
+
+    token: str
+    length: int
+
+    def resolve(self) -> Any:
+        data = _SHARED.get(self.token)
+        if data is not None:
+            return data
+        how, blob = _SENT[self.token]
+        made = pickle.loads(blob)
+        if how == "recipe":
+            function = getattr(made.function, "qualname", None) or getattr(made.function, "__qualname__", "it")
+            made = made.make()
+            if len(made) != self.length:
+                raise ValueError(
+                    f"{function}() made {len(made):,} records in this worker, {self.length:,} in the driver: "
+                    "spawned workers call it again, so it must return the same records every call"
+                )
+        _SHARED[self.token] = made
+        del _SENT[self.token]
+        return made
+
+
+@dataclass(frozen=True)
+class SentToWorkers:
+    """What a parallel build pickled for its worker processes (``ShardedBuild.sent``).
+
+    ``start_method`` is None when the build ran in the driver (nothing was sent). ``data`` says
+    how the dataset of its index ranges reached the workers: ``"inherited"`` (forked),
+    ``"remade"`` (spawned, each calling the function that made it), ``"pickled"`` (spawned, a
+    copy each), ``""`` (no index ranges). ``per_worker`` is the bytes each worker was sent once
+    (its dataset or the call that makes it), ``per_job`` those of each build shard's job."""
+
+    start_method: Optional[str] = None
+    data: str = ""
+    per_worker: int = 0
+    per_job: tuple[int, ...] = ()
+
+
 _updates: Any = None
 
 
-def _init_worker(updates: Any) -> None:
+def _init_worker(updates: Any, sent: dict[str, tuple[str, bytes]]) -> None:
     global _updates
     _updates = updates
+    _SENT.update(sent)
 
 
-def _run_shard(job: dict[str, Any]) -> ShardResult:
-    """Runs in a worker process: writes one shard."""
+def _run_shard(blob: bytes) -> ShardResult:
+    """Runs in a worker process: writes one shard (its job pickled by the driver)."""
+    job = pickle.loads(blob)
     if os.getppid() != job["parent"] or not Path(job["directory"]).is_dir():
         os._exit(1)  # the driver is gone (and the next build may have removed its directory)
+    shard = job["shard"]
+    if isinstance(shard, IndexRange) and isinstance(shard.data, SharedData):
+        try:
+            shard = replace(shard, data=shard.data.resolve())
+        except Exception as error:  # the user's function or dataset, made again in this worker
+            raise BuildShardError(
+                f"build shard {job['index']} of {job['dataset_id']}:{job['dataset_version']} failed: "
+                f"making its dataset in a worker process: {type(error).__name__}: {error}"
+            ) from None
     progress = ShardProgress(job["index"], _updates.put, job["parent"])
     return write_shard(
-        job["shard"],
+        shard,
         job["index"],
         Path(job["directory"]),
         job["dataset_id"],
@@ -176,15 +256,25 @@ class ShardedBuild:
         *,
         retries: int = DEFAULT_RETRIES,
         in_process_below: float = IN_PROCESS_BELOW_S,
+        start_method: Optional[str] = None,
     ) -> None:
         if not shards:
             raise ValueError("a parallel build needs at least one build shard")
         if workers < 1:
             raise ValueError(f"workers must be at least 1, got {workers}")
+        if start_method is not None and start_method not in multiprocessing.get_all_start_methods():
+            raise ValueError(
+                f"start_method {start_method!r} is not one of this platform's: "
+                f"{', '.join(multiprocessing.get_all_start_methods())}"
+            )
         self.shards = list(shards)
         self.workers = workers
         self.retries = retries
         self.in_process_below = in_process_below
+        self.start_method = start_method  # None: fork where index ranges gain and it is safe, else spawn
+        # How spawned workers make a dataset of index ranges again, by id() of that dataset (see sharded).
+        self.remakes: dict[int, CallShard] = {}
+        self.sent = SentToWorkers()  # what the last write_cache sent its workers
         self.manifest_extra: dict[str, Any] = {}  # recorded in the manifest (see sharded)
         # The manifest's extra from what the shards recorded (``ShardResult.extra``), see sharded.
         self.merge_extra: Optional[Callable[[list[dict[str, Any]]], dict[str, Any]]] = None
@@ -224,6 +314,7 @@ class ShardedBuild:
                 "building %s in this process, not with workers=%d: %s; the cache is the one workers "
                 "write (docs/parallel-build.md)", what, self.workers, why,
             )
+        self.sent = SentToWorkers()
         build_id = uuid.uuid4().hex
         target.parent.mkdir(parents=True, exist_ok=True, mode=0o755)
         directory = temp_dir_for(target, build_id)
@@ -308,13 +399,76 @@ class ShardedBuild:
         per_record += sum(sizes) / len(sizes) / WRITE_BYTES_PER_S
         return self.cardinality * per_record
 
+    def choose_start_method(self) -> tuple[str, str]:
+        """How workers start, and why: ``start_method`` if given; ``fork`` for a build of index
+        ranges where forking is safe (they inherit the dataset, nothing of it is pickled);
+        ``spawn`` otherwise (safe with TensorFlow, CUDA and threads; build shards other than
+        index ranges are small recipes, sent as they are)."""
+        if self.start_method is not None:
+            return self.start_method, "asked for"
+        if not any(isinstance(shard, IndexRange) for shard in self.shards):
+            return "spawn", "its build shards are recipes, sent as they are"
+        unsafe = fork_unsafe()
+        if unsafe:
+            return "spawn", f"forking is not safe here: {unsafe}"
+        return "fork", "its workers inherit the dataset of its index ranges"
+
+    def _shared(self) -> dict[int, SharedData]:
+        """A stand-in for each dataset of this build's index ranges, by its id()."""
+        shared: dict[int, SharedData] = {}
+        for shard in self.shards:
+            if isinstance(shard, IndexRange) and id(shard.data) not in shared:
+                shared[id(shard.data)] = SharedData(uuid.uuid4().hex, len(shard.data))
+        return shared
+
+    def _send(self, shared: dict[int, SharedData], method: str) -> tuple[dict[str, tuple[str, bytes]], str]:
+        """What each spawned worker is sent once (by token: the call that makes a dataset again,
+        else the dataset pickled), and how the data got there; forked workers are sent nothing."""
+        if not shared:
+            return {}, ""
+        if method == "fork":
+            return {}, "inherited"
+        datasets = {id(shard.data): shard.data for shard in self.shards if isinstance(shard, IndexRange)}
+        sent: dict[str, tuple[str, bytes]] = {}
+        kinds = set()
+        for key, stand_in in shared.items():
+            recipe = self.remakes.get(key)
+            blob = portable_pickle(recipe) if recipe is not None else None
+            if blob is not None:
+                sent[stand_in.token] = ("recipe", blob)
+                kinds.add("remade")
+                continue
+            try:
+                sent[stand_in.token] = ("data", bytes(multiprocessing.reduction.ForkingPickler.dumps(datasets[key])))
+            except Exception as error:  # PicklingError, TypeError, AttributeError: what spawn would meet
+                raise BuildError(
+                    f"the dataset of this build ({type(datasets[key]).__name__}) could not be sent to a spawned "
+                    f"worker process: {type(error).__name__}: {error}; make it picklable, or build from a "
+                    "module-level function that makes it (docs/parallel-build.md)"
+                ) from None
+            kinds.add("pickled")
+        return sent, "+".join(sorted(kinds))
+
     def _jobs(
-        self, directory: Path, dataset_id: str, dataset_version: str, limits: BuildLimits, part_size_bytes: int
+        self,
+        directory: Path,
+        dataset_id: str,
+        dataset_version: str,
+        limits: BuildLimits,
+        part_size_bytes: int,
+        shared: Optional[dict[int, SharedData]] = None,
     ) -> list[dict[str, Any]]:
+        """Each shard's job; with ``shared``, an index range names its dataset's stand-in, not the data."""
         offsets = known_offsets(self.shards)
+
+        def sendable(shard: BuildShard) -> BuildShard:
+            if shared and isinstance(shard, IndexRange):
+                return replace(shard, data=shared[id(shard.data)])
+            return shard
+
         return [
             dict(
-                shard=shard,
+                shard=sendable(shard),
                 index=index,
                 directory=str(directory),
                 dataset_id=dataset_id,
@@ -338,11 +492,12 @@ class ShardedBuild:
         syncing: PartSync,
         workers: int,
     ) -> list[ShardResult]:
-        jobs = self._jobs(directory, dataset_id, dataset_version, limits, part_size_bytes)
-        if workers == 1:  # in this process: the same parts, without starting one
-            if self.workers > 1:  # what workers would be sent must be sendable, small build or not
+        if workers == 1:  # in this process: the same parts, without starting one, nothing pickled
+            jobs = self._jobs(directory, dataset_id, dataset_version, limits, part_size_bytes)
+            if self.workers > 1:  # the recipes workers would be sent must be sendable, small build or not
                 for job in jobs:
-                    _check_sendable(job)
+                    if not isinstance(job["shard"], IndexRange):  # index ranges send no data (see _send)
+                        _pickle_job(job)
             results = []
             for job in jobs:
                 progress = ShardProgress(job["index"], lambda update: totals.set(*update), 0)
@@ -355,14 +510,51 @@ class ShardedBuild:
                 )
                 syncing.add(results[-1])
             return results
+        method, why = self.choose_start_method()
+        shared = self._shared()
+        sent, how = self._send(shared, method)
+        jobs = self._jobs(directory, dataset_id, dataset_version, limits, part_size_bytes, shared)
+        blobs = [_pickle_job(job) for job in jobs]
+        self.sent = SentToWorkers(method, how, sum(len(blob) for _, blob in sent.values()), tuple(map(len, blobs)))
+        log.info(
+            "building %s:%s on %d %s workers (%s)%s", dataset_id, dataset_version, workers, method, why,
+            f"; the dataset of its index ranges: {how}" if how else "",
+        )
+        if method == "fork":
+            for key, stand_in in shared.items():
+                _SHARED[stand_in.token] = next(
+                    shard.data for shard in self.shards if isinstance(shard, IndexRange) and id(shard.data) == key
+                )
+        try:
+            return self._attempts(
+                jobs, blobs, sent, method, directory, dataset_id, dataset_version, totals, syncing, workers
+            )
+        finally:
+            for stand_in in shared.values():
+                _SHARED.pop(stand_in.token, None)
+
+    def _attempts(
+        self,
+        jobs: list[dict[str, Any]],
+        blobs: list[bytes],
+        sent: dict[str, tuple[str, bytes]],
+        method: str,
+        directory: Path,
+        dataset_id: str,
+        dataset_version: str,
+        totals: ProgressTotals,
+        syncing: PartSync,
+        workers: int,
+    ) -> list[ShardResult]:
+        """Runs the jobs on pools of ``workers``, a new pool after a worker died (``retries``)."""
         done: dict[int, ShardResult] = {}
         for attempt in range(self.retries + 1):
-            pending = [job for job in jobs if job["index"] not in done]
+            pending = [(job["index"], blob) for job, blob in zip(jobs, blobs) if job["index"] not in done]
             try:
-                self._run_pool(pending, done, totals, syncing, workers)
+                self._run_pool(pending, sent, method, done, totals, syncing, workers)
                 return [done[i] for i in range(len(jobs))]
             except BrokenProcessPool:
-                lost = sorted(job["index"] for job in pending if job["index"] not in done)
+                lost = sorted(index for index, _ in pending if index not in done)
                 for index in lost:
                     remove_shard_files(directory, index)
                     totals.set(index, 0, 0)
@@ -380,23 +572,27 @@ class ShardedBuild:
 
     def _run_pool(
         self,
-        jobs: list[dict[str, Any]],
+        jobs: list[tuple[int, bytes]],
+        sent: dict[str, tuple[str, bytes]],
+        method: str,
         done: dict[int, ShardResult],
         totals: ProgressTotals,
         syncing: PartSync,
         workers: int,
     ) -> None:
-        context = multiprocessing.get_context("spawn")
+        context = multiprocessing.get_context(method)
         updates = context.Queue()
         stop = threading.Event()
         pump = threading.Thread(
             target=_pump, args=(updates, totals, stop), name="yogacache-build-progress", daemon=True
         )
-        pump.start()
         pool = ProcessPoolExecutor(
-            max_workers=min(workers, len(jobs)), mp_context=context, initializer=_init_worker, initargs=(updates,)
+            max_workers=min(workers, len(jobs)), mp_context=context, initializer=_init_worker,
+            initargs=(updates, sent),
         )
-        futures: dict[Future[ShardResult], int] = {pool.submit(_run_shard, job): job["index"] for job in jobs}
+        # Forked workers start at the first submit: the progress thread starts after them.
+        futures: dict[Future[ShardResult], int] = {pool.submit(_run_shard, blob): index for index, blob in jobs}
+        pump.start()
         try:
             pending = set(futures)
             while pending:
@@ -426,12 +622,28 @@ def _unsendable(index: int, error: Exception) -> BuildError:
     return BuildError(f"build shard {index} could not be run in a worker process: {type(error).__name__}: {error}")
 
 
-def _check_sendable(job: dict[str, Any]) -> None:
-    """Raises what the pool would if ``job`` could not be sent to a worker process."""
+def _pickle_job(job: dict[str, Any]) -> bytes:
+    """``job`` as its worker receives it (the pool then sends these bytes as they are)."""
     try:
-        multiprocessing.reduction.ForkingPickler.dumps((_run_shard, job))
+        return bytes(multiprocessing.reduction.ForkingPickler.dumps(job))
     except Exception as error:  # PicklingError, TypeError, AttributeError: what the pool would meet
         raise _unsendable(job["index"], error) from None
+
+
+def fork_unsafe() -> str:
+    """Why this process must not fork its build workers ("" where it may): not Linux (macOS's
+    system libraries do not survive a fork), TensorFlow or JAX imported (their thread pools do
+    not), CUDA started by torch (a forked child cannot use it)."""
+    if not sys.platform.startswith("linux") or "fork" not in multiprocessing.get_all_start_methods():
+        return f"{sys.platform} does not fork safely"
+    for module in ("tensorflow", "jax"):
+        if module in sys.modules:
+            return f"{module} is imported"
+    torch = sys.modules.get("torch")
+    cuda = getattr(torch, "cuda", None)
+    if cuda is not None and getattr(cuda, "is_initialized", lambda: False)():
+        return "torch has started CUDA"
+    return ""
 
 
 # -- a script that starts a parallel build at import ---------------------------------------------
@@ -552,6 +764,8 @@ def sharded(
     build_shards: Optional[int] = None,
     retries: int = DEFAULT_RETRIES,
     in_process_below: float = IN_PROCESS_BELOW_S,
+    start_method: Optional[str] = None,
+    remake: Optional[CallShard] = None,
 ) -> ShardedBuild:
     """A parallel build of ``data`` on ``workers`` processes, to hand to any build in place of
     the dataset (``store.build(id, version, sharded(data, workers=4))``).
@@ -562,12 +776,22 @@ def sharded(
     shard per archive or run of files), or a list of ``BuildShard``. A build estimated to take
     less than ``in_process_below`` seconds in one process is written in this one (the same
     shards, the same cache; ``0``: always start the workers).
+
+    ``start_method``: ``"fork"`` or ``"spawn"`` (``"forkserver"`` as spawn), by default fork
+    for index ranges where it is safe (``fork_unsafe``), else spawn. ``remake``: a call that
+    makes ``data`` again (``CallShard(make, args, kwargs)``, the same records every call):
+    spawned workers each make the dataset with it instead of being sent a pickled copy.
     """
     if isinstance(data, ShardedBuild):
         return data
     if workers > 1:
         refuse_bootstrapping_build("a parallel build", workers)
-    build = ShardedBuild(as_shards(data, build_shards), workers, retries=retries, in_process_below=in_process_below)
+    build = ShardedBuild(
+        as_shards(data, build_shards), workers, retries=retries, in_process_below=in_process_below,
+        start_method=start_method,
+    )
+    if remake is not None:
+        build.remakes[id(data)] = remake
     # An object source's pins go in the manifest, as in a build in one process: its shards' reads
     # (the versions they were served) are merged once they are done.
     build.manifest_extra = dict(getattr(data, "manifest_extra", None) or {})
@@ -580,13 +804,14 @@ def parallel_maker(
 ) -> Callable[..., Any]:
     """``make_dataset`` turned into a function returning a ``ShardedBuild``: with ``build_shards``,
     a builder called in the workers as ``make_dataset(*args, shard_index=i, num_shards=build_shards,
-    **kwargs)``; without, the dataset it returns is split into index ranges."""
+    **kwargs)``; without, the dataset it returns is split into index ranges (spawned workers call
+    ``make_dataset`` again for it rather than be sent its records: ``sharded``'s ``remake``)."""
     import functools
 
     @functools.wraps(make_dataset)
     def make(*args: Any, **kwargs: Any) -> ShardedBuild:
         if build_shards is not None:
             return ShardedBuild(builder_shards(make_dataset, build_shards, args, kwargs), workers)
-        return sharded(make_dataset(*args, **kwargs), workers)
+        return sharded(make_dataset(*args, **kwargs), workers, remake=CallShard(make_dataset, args, dict(kwargs)))
 
     return make

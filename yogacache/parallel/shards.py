@@ -136,13 +136,29 @@ class BuilderCall(BuildShard):
 
 @dataclass
 class CallShard(BuildShard):
-    """``function(*args)``: any callable returning a dataset, e.g. the records of one tar file."""
+    """``function(*args, **kwargs)``: any callable returning a dataset, e.g. the records of one tar file."""
 
     function: Any
     args: tuple[Any, ...] = ()
+    kwargs: dict[str, Any] = field(default_factory=dict)
 
     def make(self) -> Any:
-        return _resolve(self.function)(*self.args)
+        return _resolve(self.function)(*self.args, **self.kwargs)
+
+
+def portable_pickle(call: CallShard) -> Optional[bytes]:
+    """``call`` pickled as a spawned worker receives it: its function as it is, else by name
+    (``_FunctionRef``: a decorated module-level function); None when neither pickles."""
+    candidates = [call.function]
+    qualname = getattr(call.function, "__qualname__", "<locals>")
+    if "<locals>" not in qualname and getattr(call.function, "__module__", None):
+        candidates.append(_FunctionRef(call.function))
+    for function in candidates:
+        try:
+            return bytes(multiprocessing.reduction.ForkingPickler.dumps(replace(call, function=function)))
+        except Exception:  # PicklingError, AttributeError, TypeError: not sendable this way
+            continue
+    return None
 
 
 @dataclass
