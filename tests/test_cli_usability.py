@@ -275,3 +275,21 @@ def test_help_names_every_storage_scheme() -> None:
     assert "az://" in description, description
     storage_help = text.split("options:", 1)[1].split("--storage DIR|URL|FILE", 1)[1].split("--endpoint-url")[0]
     assert "az://container/prefix" in " ".join(storage_help.split()), storage_help
+
+
+def test_a_cli_error_names_the_commands_options_not_python_keywords(tmp_path: Path) -> None:
+    """The library's advice names keyword arguments (``on_source_change='rebuild'``); from the
+    command line the same advice names the command's options."""
+    source = tmp_path / "src"
+    source.mkdir()
+    (source / "a.txt").write_text("one")
+    storage = tmp_path / "caches"
+    first = run_cli("import", str(source), "--id", "docs", "--version", "v1", "--storage", str(storage))
+    assert first.returncode == 0, first.stderr
+    (source / "a.txt").write_text("two, longer")
+    again = run_cli("import", str(source), "--id", "docs", "--version", "v1", "--storage", str(storage))
+    assert again.returncode == 1, again.stderr
+    assert "changed since it was built" in again.stderr, again.stderr
+    assert "--on-source-change rebuild" in again.stderr and "--on-source-change ignore" in again.stderr
+    assert "--version auto" in again.stderr
+    assert "on_source_change=" not in again.stderr and "version='auto'" not in again.stderr

@@ -7,6 +7,7 @@ import argparse
 import difflib
 import logging
 import os
+import re
 import select
 import signal
 import sys
@@ -91,6 +92,20 @@ def _not_found_message(store: Store, args: argparse.Namespace, error: CacheNotFo
     else:
         message = f"no cache {dataset_id} {version} at {where}"
     return message + _hint(entries, dataset_id, version)
+
+
+def _in_cli_terms(message: str, command: Optional[argparse.ArgumentParser]) -> str:
+    """The library's messages name its keyword arguments (``on_source_change='rebuild'``); from
+    the command line, the same advice names the command's options (``--on-source-change rebuild``)."""
+    if command is None:
+        return message
+    for action in command._actions:  # argparse keeps no public list of a parser's options
+        flags = [flag for flag in action.option_strings if flag.startswith("--")]
+        if not flags:
+            continue
+        keyword = flags[0][2:].replace("-", "_")
+        message = re.sub(rf"\b{keyword}=(['\"])([^'\"]*)\1", rf"{flags[0]} \2", message)
+    return message
 
 
 def _missing_library(error: ImportError) -> str:
@@ -197,7 +212,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 1
     except (YogaCacheError, OSError) as error:
         progress.close_all()
-        _print_error(str(error))
+        _print_error(_in_cli_terms(str(error), getattr(args, "command_parser", None)))
         return 1
     except ImportError as error:
         progress.close_all()

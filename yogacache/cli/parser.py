@@ -128,7 +128,7 @@ def build_parser() -> argparse.ArgumentParser:
             epilog=epilog or None,
             formatter_class=HelpFormatter,
         )
-        made.set_defaults(run=run)
+        made.set_defaults(run=run, command_parser=made)
         return made
 
     def cache_arguments(made: argparse.ArgumentParser) -> None:
