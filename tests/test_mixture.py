@@ -25,7 +25,7 @@ from yogacache import ConfigError, DataLayer
 from yogacache.format.sources import AnnotatedSource
 from yogacache.format.spec import infer_spec
 from yogacache.mixture import Component, Mixture
-from yogacache.read.mixture import apportion
+from yogacache.read.mixture_order import apportion
 
 SIZES = {"a": 300, "b": 120, "c": 40}
 BASES = {"a": 0, "b": 10000, "c": 20000}

@@ -1,18 +1,21 @@
-"""Property tests of the mixture's pure numpy core (``yogacache.read.mixture``), no cache on disk.
+"""Property tests of the mixture's pure numpy core (``yogacache.read.mixture_order``), no cache on disk.
 
 Hypothesis varies the components (sizes, part layouts), their shares (weights and an epoch size,
 absolute repeat/samples counts, the stopping rules), each component's own order (``"shard"``,
-``"global"``, ``"parts"``, shuffled or not, reshuffled or not), world sizes and resume points,
-and checks what ``mixture_counts`` and ``MixtureSchedule`` promise: each epoch's counts, no
+``"global"``, ``"parts"``, shuffled or not, reshuffled or not), the interleaving's block size
+(mostly a few draws, so that every epoch crosses block boundaries), world sizes and resume
+points, and checks what ``mixture_counts`` and ``MixtureSchedule`` promise: each epoch's counts, no
 record twice within a component's pass, one order whoever computes it and at any world size,
 windows that mix every component, and exact elastic resume.
 """
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import math
 import re
+import tracemalloc
 from dataclasses import dataclass
 from decimal import Decimal
 from fractions import Fraction
@@ -24,7 +27,8 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from yogacache.read.layout import PartLayout
-from yogacache.read.mixture import (
+from yogacache.read.mixture_order import (
+    BLOCK_SIZE,
     MAX_EPOCH_SIZE,
     STOPPING_RULES,
     MixtureSchedule,
@@ -51,6 +55,7 @@ class Case:
     shuffle: bool
     reshuffle: bool
     seed: int
+    block_size: int = BLOCK_SIZE  # draws of the interleaving computed at a time
 
     @property
     def counts(self) -> tuple[int, ...]:
@@ -79,6 +84,7 @@ class Case:
             self.counts,
             [PartLayout.from_counts(parts) for parts in self.parts],
             self.options(**more),
+            block_size=self.block_size,
         )
 
 
@@ -128,6 +134,7 @@ def cases(draw: Any, kinds: Sequence[str] = ("weights", "absolute", "stopping"))
         shuffle=shuffle,
         reshuffle=shuffle and draw(st.booleans()),
         seed=draw(st.integers(0, 2**31 - 1)),
+        block_size=draw(st.one_of(st.integers(1, 40), st.just(BLOCK_SIZE))),
     )
 
 
@@ -459,7 +466,8 @@ def test_every_window_mixes_every_component(case: Case) -> None:
 @pytest.mark.parametrize("counts", [(700, 200, 100), (1, 1), (500, 1), (3, 5, 7, 11, 13), (64, 64, 64, 64)])
 def test_the_window_bound_holds_for_many_seeds(counts: tuple[int, ...], shuffle: bool) -> None:
     """The bound is kept for any seed, not the tests' seeds only: 30 seeds, every window
-    length; and some window comes within one record of it (it is not loose by more)."""
+    length, in blocks of 97 draws; and some window comes within one record of it (it is not
+    loose by more)."""
     sizes = list(counts)
     closest = 0.0
     bound = window_bound(counts, shuffle)
@@ -474,6 +482,7 @@ def test_the_window_bound_holds_for_many_seeds(counts: tuple[int, ...], shuffle:
             shuffle,
             shuffle,
             seed,
+            block_size=97,
         )
         order = whole_epoch(case.schedule(), 0)
         total, k = len(order), len(counts)
@@ -484,6 +493,208 @@ def test_the_window_bound_holds_for_many_seeds(counts: tuple[int, ...], shuffle:
             assert (deviation <= bound + 1e-9).all(), (seed, length, deviation, bound)
             closest = max(closest, float((deviation - bound).max()))
     assert closest > -1, closest
+
+
+# -- the interleaving, a block at a time (issue 34) ------------------------------------------------
+
+
+def _splitmix(values: np.ndarray) -> np.ndarray:
+    """SplitMix64's finalizer (the keyed hash of docs/mixtures.md's keys)."""
+    values = values.copy()
+    values ^= values >> np.uint64(30)
+    values *= np.uint64(0xBF58476D1CE4E5B9)
+    values ^= values >> np.uint64(27)
+    values *= np.uint64(0x94D049BB133111EB)
+    values ^= values >> np.uint64(31)
+    return values
+
+
+def sorted_interleaving(counts: Sequence[int], seed: Optional[int], key_epoch: int) -> np.ndarray:
+    """An epoch's draws in order as one sort of all its keys, the construction before the blocks:
+    draw ``k`` of component ``i`` has the key ``(k + u) / c_i`` (``u`` the keyed hash of ``(seed,
+    epoch, i, k)`` in ``[0, 1)``, 0.5 without a seed), ties to the earlier component."""
+    keys = []
+    for i, count in enumerate(counts):
+        k = np.arange(count, dtype=np.int64)
+        if seed is None:
+            jitter: Any = np.full(count, 0.5)
+        else:
+            digest = hashlib.blake2b(f"yogacache.mixture/v1:{seed}:{key_epoch}:{i}".encode(), digest_size=8).digest()
+            base = np.uint64(int.from_bytes(digest, "little") & ((1 << 62) - 1))
+            jitter = (_splitmix(k.astype(np.uint64) ^ base) >> np.uint64(11)).astype(np.float64) / float(1 << 53)
+        keys.append((k + jitter) / count)
+    return np.argsort(np.concatenate(keys) if keys else np.empty(0), kind="stable")
+
+
+@SETTINGS
+@given(cases(), st.data())
+def test_the_blocked_interleaving_is_one_sort_of_the_epochs_keys(case: Case, data: Any) -> None:
+    """For any block size, the draws at any positions (in any order, repeated) are those of one
+    sort of the whole epoch's keys, and the draws before any position count them."""
+    mixed = case.schedule().mixed
+    total = sum(case.counts)
+    assert mixed.num_blocks == -(-total // case.block_size)
+    for epoch in range(3):
+        key_epoch = epoch if case.reshuffle else 0
+        expected = sorted_interleaving(case.counts, case.seed if case.shuffle else None, key_epoch)
+        assert mixed.draws(epoch, np.arange(total)).tolist() == expected.tolist()
+        positions = data.draw(st.lists(st.integers(0, total - 1), max_size=30), label="positions")
+        assert mixed.draws(epoch, positions).tolist() == expected[positions].tolist()
+        position = data.draw(st.integers(0, total), label="position")
+        before = np.bincount(mixed.component_of(expected[:position]), minlength=len(case.counts))
+        assert mixed.draws_before(epoch, position).tolist() == before.tolist()
+    with pytest.raises(IndexError, match=rf"mixture positions must lie in \[0, {total}\)"):
+        mixed.draws(0, [total])
+
+
+# The interleaving and the records of three mixtures as the release before the blocks read them
+# (one argsort of each epoch's keys; yogacache at 90f8481): draws numbered across components
+# (component i's k-th draw of the epoch is draw_starts[i] + k), and the mixture's record indices.
+BEFORE_BLOCKS: dict[str, dict[str, Any]] = {
+    "shuffled": {
+        "sizes": (7, 5, 3),
+        "counts": (6, 4, 3),
+        "options": dict(shuffle=True, shuffle_seed=7, reshuffle_each_epoch=True, shuffle_mode="global"),
+        "draws": [[0, 10, 6, 1, 2, 7, 8, 3, 11, 4, 9, 12, 5], [6, 0, 1, 10, 7, 11, 2, 3, 8, 4, 12, 5, 9]],
+        "records": [[5, 12, 8, 3, 6, 9, 11, 2, 14, 1, 7, 13, 4], [10, 0, 1, 14, 8, 13, 5, 2, 7, 0, 12, 3, 11]],
+    },
+    "skip_shuffle_at_epoch_end": {
+        "sizes": (9, 4),
+        "counts": (9, 6),
+        "options": dict(shuffle=True, shuffle_seed=11, reshuffle_each_epoch=False, shuffle_mode="global"),
+        "draws": [[0, 9, 1, 10, 2, 11, 3, 12, 4, 5, 6, 13, 7, 8, 14]] * 2,
+        "records": [
+            [6, 12, 4, 9, 7, 11, 1, 10, 8, 5, 3, 12, 2, 0, 9],
+            [6, 11, 4, 10, 7, 12, 1, 9, 8, 5, 3, 11, 2, 0, 10],
+        ],
+    },
+    "unshuffled_ties": {
+        "sizes": (4, 4, 2),
+        "counts": (4, 4, 2),
+        "options": dict(shuffle=False, shuffle_mode="shard"),
+        "draws": [[0, 4, 8, 1, 5, 2, 6, 9, 3, 7]] * 2,
+        "records": [[0, 4, 8, 1, 5, 2, 6, 9, 3, 7]] * 2,
+    },
+}
+
+
+def _pinned(name: str, block_size: int = BLOCK_SIZE, **more: Any) -> MixtureSchedule:
+    case = BEFORE_BLOCKS[name]
+    return MixtureSchedule(
+        [f"c{i}:v1" for i in range(len(case["sizes"]))],
+        case["sizes"],
+        case["counts"],
+        [PartLayout.from_counts([n]) for n in case["sizes"]],
+        ReadOptions(**case["options"], **more),
+        block_size=block_size,
+    )
+
+
+@pytest.mark.parametrize("block_size", [1, 2, 3, 5, BLOCK_SIZE])
+@pytest.mark.parametrize("name", sorted(BEFORE_BLOCKS))
+def test_the_order_is_the_one_before_the_blocks(name: str, block_size: int) -> None:
+    """The blocked construction reads every epoch as the release before it did (pinned), so
+    resume states and checkpoints carry over unchanged."""
+    schedule = _pinned(name, block_size)
+    total = sum(BEFORE_BLOCKS[name]["counts"])
+    for epoch in range(2):
+        assert schedule.mixed.draws(epoch, np.arange(total)).tolist() == BEFORE_BLOCKS[name]["draws"][epoch]
+        assert schedule.mixed.records(epoch, np.arange(total)).tolist() == BEFORE_BLOCKS[name]["records"][epoch]
+
+
+@pytest.mark.parametrize("block_size", [1000, BLOCK_SIZE])
+def test_a_long_epoch_is_the_one_before_the_blocks(block_size: int) -> None:
+    """A 100,000-record epoch in 25 or 101 blocks: the same draws as the release before them
+    (their BLAKE2b digest, pinned), epoch after epoch."""
+    sizes = (70_000, 20_000, 10_000)
+    mixed = MixtureSchedule(
+        ["a:v1", "b:v1", "c:v1"],
+        sizes,
+        sizes,
+        [PartLayout.from_counts([n]) for n in sizes],
+        ReadOptions(shuffle=True, shuffle_seed=3, reshuffle_each_epoch=True, shuffle_mode="global"),
+        block_size=block_size,
+    ).mixed
+    pinned = {
+        0: ([0, 1, 2, 70000, 3, 90000, 4, 5, 70001, 6, 7, 8], "63e00e1918434090da953cee047d1751"),
+        1: ([0, 90000, 1, 2, 70000, 3, 4, 70001, 5, 6, 90001, 7], "a05312e9718728386f91f4b45b15537b"),
+    }
+    for epoch, (head, digest) in pinned.items():
+        draws = mixed.draws(epoch, np.arange(sum(sizes))).astype("<i8")
+        assert draws[:12].tolist() == head
+        assert hashlib.blake2b(draws.tobytes(), digest_size=16).hexdigest() == digest
+
+
+def test_a_state_saved_before_the_blocks_resumes_in_the_order_it_was_saved_in() -> None:
+    """A checkpoint's state as the release before the blocks wrote it: the rest of its epoch in
+    that release's order (pinned), at another world size."""
+    state = {
+        "version": 1,
+        "mode": "mixture",
+        "epoch": 1,
+        "consumed": 5,
+        "seed": 7,
+        "order": "global",
+        "num_records": 13,
+        "components": [["c0:v1", 7, 6], ["c1:v1", 5, 4], ["c2:v1", 3, 3]],
+        "shuffle": True,
+        "reshuffle_each_epoch": True,
+        "rotate": True,
+        "builds": [None, None, None],
+    }
+    ranks = [_pinned("shuffled", 2, shard_rank=rank, num_shards=2, resume_state=state) for rank in range(2)]
+    rest = [schedule.plan(*schedule.start) for schedule in ranks]
+    assert dealt([plan.indices(0, len(plan)) for plan in rest]) == BEFORE_BLOCKS["shuffled"]["records"][1][5:]
+    assert ranks[0].state(ranks[0].start) == state
+
+
+def test_the_interleaving_holds_one_block_at_any_size() -> None:
+    """A 3-way mixture of 10^9 records: its first 1000 positions, and 1000 two thirds into the
+    epoch, read through plans, hold about a block of the order at a time (the order is never
+    computed whole: 10^9 draws would be gigabytes), and each component's counts hold there."""
+    sizes = (700_000_000, 200_000_000, 100_000_000)
+    counts = mixture_counts(sizes, [Share(weight=w) for w in (0.7, 0.2, 0.1)])
+    options: dict[str, Any] = dict(shuffle=True, shuffle_seed=7, shuffle_mode="global")
+
+    def schedule(**more: Any) -> MixtureSchedule:
+        layouts = [PartLayout.from_counts([n]) for n in sizes]
+        return MixtureSchedule(["a:v1", "b:v1", "c:v1"], sizes, counts, layouts, ReadOptions(**options, **more))
+
+    schedule().plan(0, 0).indices(0, 10)  # imports and first-use allocations
+    tracemalloc.start()
+    try:
+        first = schedule()
+        records = first.plan(0, 0).indices(0, 1000)
+        later = schedule(resume_state=first.state((1, 0), 2 * sum(counts) // 3))
+        more = later.plan(*later.start).indices(0, 1000)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 4 << 20, f"{peak / 2**20:.1f} MiB to read 2000 positions of a 10^9-record mixture"
+    for found in (records, more):
+        per = np.bincount(np.searchsorted([0, *np.cumsum(sizes)[:-1]], found, side="right") - 1, minlength=3)
+        assert (np.abs(per - np.array(counts) / sum(counts) * 1000) <= 3).all(), per
+    assert later.start == (1, 2 * sum(counts) // 3)
+
+
+def test_a_boundary_found_from_its_guess_is_the_one_bisection_finds() -> None:
+    """Each block boundary (the draws of each component below ``b / M``) is found from a few
+    keys near ``floor(b / M · c_i)``; bisection over all the draws finds the same."""
+    mixed = _pinned("shuffled", 2).mixed
+    bigger = MixtureSchedule(
+        ["a:v1", "b:v1"],
+        (1000, 3),
+        (997, 3),
+        [PartLayout.from_counts([1000]), PartLayout.from_counts([3])],
+        ReadOptions(shuffle=True, shuffle_seed=5, shuffle_mode="global"),
+        block_size=10,
+    ).mixed
+    for order in (mixed, bigger):
+        for epoch in range(2):
+            for block in range(order.num_blocks + 1):
+                found = order._boundary(epoch, block)
+                threshold = block / order.num_blocks if block < order.num_blocks else float("inf")
+                assert found.tolist() == [order._bisect(epoch, i, threshold) for i in range(len(order.counts))]
 
 
 # -- resume -----------------------------------------------------------------------------------------

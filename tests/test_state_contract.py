@@ -30,7 +30,7 @@ from yogacache.dataref import CacheDataRef
 from yogacache.errors import ResumeStateError
 from yogacache.mixture import Mixture
 from yogacache.read.layout import PartLayout
-from yogacache.read.mixture import MixtureSchedule
+from yogacache.read.mixture_order import MixtureSchedule
 from yogacache.read.options import ReadOptions
 from yogacache.read.schedule import ReadSchedule
 from yogacache.store.local import CacheStore

@@ -2,7 +2,7 @@
 
 ``Mixture([Component(web, weight=0.7), Component(code, weight=0.2), Component(books,
 weight=0.1)])`` reads three caches as one: each epoch exactly its share of each (see
-``yogacache.read.mixture`` for the counts, the passes and the interleaving), sharded over ranks,
+``yogacache.read.mixture_order`` for the counts, the passes and the interleaving), sharded over ranks,
 resumable at any world size, streamed under the node's one byte budget where the components are.
 A mixture is a ``DataRef``: ``stream(...)`` takes YogaDL's arguments, and the torch datasets,
 ``yogacache.tensorflow.make_tf_dataset`` and ``DataLayer.train_mixture`` read it as they read a
@@ -20,7 +20,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence, Union
 
 from yogacache import redaction
 from yogacache.errors import ConfigError
-from yogacache.read.mixture import STOPPING_RULES, Share, check_shares, check_weights, mixture_counts
+from yogacache.read.mixture_order import STOPPING_RULES, Share, check_shares, check_weights, mixture_counts
 from yogacache.read.mixture_reader import MixtureReader
 from yogacache.read.options import ReadOptions, stream_signature
 from yogacache.read.pipeline import Stream, read_stream
@@ -107,7 +107,7 @@ class Mixture:
             largest epoch whose quotas take no component past one pass: the first to run out
             is read through, or all but one record of it) or ``"all_exhausted"`` (the smallest
             whose quotas take every component through once; the others repeat, each a whole
-            pass at a time). See ``yogacache.read.mixture`` for the formulas.
+            pass at a time). See ``yogacache.read.mixture_order`` for the formulas.
 
     ``len()`` is the epoch size (at most ``MAX_EPOCH_SIZE``, 2**32); ``counts`` each component's
     records per epoch (largest remainders of the exact quotas ``weight / Σ weight ·

@@ -86,7 +86,7 @@ EXCLUDED: tuple[tuple[str, str, str, str, str], ...] = tuple(
             "mix", "mixture", "start", "legacy",
             "a mixture's resume state (mode 'mixture') is a position in the mixed order: there is no "
             "state of a mixture without parts_order, which only single caches' states of the parts "
-            "orders before the lead lacked (yogacache.read.mixture.MixtureState, docs/shuffle.md)",
+            "orders before the lead lacked (yogacache.read.mixture_order.MixtureState, docs/shuffle.md)",
         )
     ]
     + [
@@ -286,3 +286,15 @@ def _greedy_row(pair: frozenset[tuple[str, str]], missing: set[frozenset[tuple[s
 
 
 CELLS = generate()
+
+# Cells outside the all-pairs covering: a value that matters where one construction is, read by
+# a few cells of its own rather than paired with every value of every axis. Size "blocks": a
+# mixture whose epoch spans three blocks of its interleaving (BLOCK_SIZE draws each,
+# yogacache.read.mixture_order, issue 34), so reads, ranks and resumes cross block boundaries
+# (a "mid" state lands near the first); its oracle sorts each epoch's keys at once.
+EXTRA_CELLS: tuple[Cell, ...] = (
+    Cell("local", "one", "sync", "global", "stream", "mid", "blocks", "mixture"),
+    Cell("s3", "workers2", "stream-full", "parts", "dataset", "elastic", "blocks", "mixture"),
+    Cell("shared_fs", "one", "sync", "none", "tf", "zero", "blocks", "mixture"),
+    Cell("local", "workers2", "sync", "parts-w1", "stream", "changed", "blocks", "mixture"),
+)

@@ -30,11 +30,13 @@ REPO = Path(__file__).resolve().parents[2]
 # size -> (records, part_size_bytes, build shards). About 10 records (3 KB) a part for "many"
 # (about 30 parts, so that half the cache holds every window of two ranks reading at once):
 # part_size_bytes bounds the LMDB file, whose meta pages, first leaf and a transaction's room
-# take 20 KiB before any record.
+# take 20 KiB before any record. "blocks" (cells.EXTRA_CELLS): a mixture of 6000 + 2004 + 1203
+# records, three blocks of its interleaving, in parts of about 500 records.
 SIZES: dict[str, tuple[int, int, int]] = {
     "one": (37, 1 << 30, 1),
     "many": (331, (20 << 10) + 3600, 4),
     "rec1": (41, 1, 4),
+    "blocks": (6000, (20 << 10) + 500 * 360, 2),
 }
 DATASET_VERSION = "v1"
 

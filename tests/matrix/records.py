@@ -167,7 +167,7 @@ def component_of(i: int) -> int:
 
 
 def unshuffled_mixture(sizes: Sequence[int], counts: Sequence[int], epochs: int) -> list[list[int]]:
-    """The mixed order without shuffling, from the contract alone (yogacache.read.mixture's
+    """The mixed order without shuffling, from the contract alone (yogacache.read.mixture_order's
     docstring): draw ``k`` of component ``i`` has the key ``(k + 1/2) / c_i`` (ties to the earlier
     component), and epoch ``e``'s draw ``k`` is record ``(e · c_i + k) mod n_i`` (passes in the
     component's own order, sequential here)."""
@@ -187,9 +187,11 @@ def mixture_order(manifests: Sequence[Any], counts: Sequence[int], stream_args: 
     budget as a streamed mixture fits it), from the manifests alone -- no reader, pipeline or
     consumer. ``resumed=(budget_a, c)``: epoch 0's first ``c`` positions were read under
     ``budget_a`` and the rest resumed from the state there under ``budget`` (the windows the
-    state names honoured; ``check_mixture_contract`` then checks the passes stay whole)."""
+    state names honoured; ``check_mixture_contract`` then checks the passes stay whole). The
+    interleaving is computed in one block, each epoch's keys sorted at once, where readers
+    compute it in blocks of ``BLOCK_SIZE`` draws."""
     from yogacache.read.layout import PartLayout
-    from yogacache.read.mixture import MixtureSchedule
+    from yogacache.read.mixture_order import MixtureSchedule
     from yogacache.read.options import ReadOptions
 
     def schedule_of(budget: Optional[int], state: Optional[dict[str, Any]] = None) -> Any:
@@ -201,6 +203,7 @@ def mixture_order(manifests: Sequence[Any], counts: Sequence[int], stream_args: 
             [PartLayout.from_manifest(m) for m in manifests],
             ReadOptions.from_stream_args(**args),
             budget_bytes=budget,
+            block_size=max(1, sum(counts)),  # one block: the epoch's keys sorted at once
         )
 
     schedule = schedule_of(budget)

@@ -46,7 +46,17 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.matrix import records as src
-from tests.matrix.cells import AXES, CELLS, EXCLUDED, REMOTE, Cell, exclusion_reason, uncovered_pairs, valid
+from tests.matrix.cells import (
+    AXES,
+    CELLS,
+    EXCLUDED,
+    EXTRA_CELLS,
+    REMOTE,
+    Cell,
+    exclusion_reason,
+    uncovered_pairs,
+    valid,
+)
 from tests.matrix.conftest import (
     PART_NAME,
     Built,
@@ -392,7 +402,7 @@ def _param(cell: Cell) -> Any:
 
 
 @pytest.mark.timeout(420)
-@pytest.mark.parametrize("cell", [_param(cell) for cell in CELLS])
+@pytest.mark.parametrize("cell", [_param(cell) for cell in CELLS + list(EXTRA_CELLS)])
 def test_cell(cell: Cell, world: World, request: pytest.FixtureRequest, tmp_path: Path) -> None:
     if cell.consumer == "ray":
         world.cloud("gcs", request)  # its proxy first: Ray's workers take STORAGE_EMULATOR_HOST at ray.init
@@ -839,6 +849,18 @@ def test_the_cells_cover_every_possible_pair() -> None:
     assert len({cell.id for cell in CELLS}) == len(CELLS)
     for name, values in AXES.items():
         assert {getattr(cell, name) for cell in CELLS} == set(values), name
+
+
+def test_the_extra_cells_are_valid_and_cross_block_boundaries() -> None:
+    """The "blocks" cells can exist, are new, and their mixture's epoch spans three blocks of
+    its interleaving, which their oracle computes in one."""
+    from tests.matrix.conftest import SIZES
+    from yogacache.read.mixture_order import BLOCK_SIZE
+
+    assert all(valid(cell.values()) and cell.mix == "mixture" for cell in EXTRA_CELLS)
+    assert not {cell.id for cell in EXTRA_CELLS} & {cell.id for cell in CELLS}
+    epoch = sum(src.mix_sizes(SIZES["blocks"][0]))
+    assert -(-epoch // BLOCK_SIZE) == 3, epoch
 
 
 def test_every_dropped_combination_says_why() -> None:

@@ -4,7 +4,7 @@ The mixture's index space is its components' records one after the other (compon
 records from ``offsets[i]`` on); a read splits its indices by component, reads each
 component's through its own ``CacheReader`` (local, synced or streamed under the node's one
 byte budget), and puts them back in the order asked. ``read_schedule`` gives the mixture's
-order (``yogacache.read.mixture``), which is all ``EpochReader`` and the adapters on it (the
+order (``yogacache.read.mixture_order``), which is all ``EpochReader`` and the adapters on it (the
 read pipeline, tf.data, the torch datasets) need to read a mixture as they read a cache.
 """
 
@@ -18,7 +18,7 @@ import numpy as np
 
 from yogacache.format.spec import describe_spec, key_path, leaf_paths, spec_leaves
 from yogacache.read.layout import PartLayout
-from yogacache.read.mixture import MixtureSchedule
+from yogacache.read.mixture_order import MixtureSchedule
 from yogacache.read.reader import CacheReader
 
 __all__ = ["MixtureReader", "component_name"]
@@ -48,7 +48,7 @@ def _difference(one: Any, other: Any, one_name: str, other_name: str) -> str:
 class MixtureReader:
     """Reads the records of several caches with equal element specs as one index space.
 
-    ``counts``: each component's records per epoch (``yogacache.read.mixture.mixture_counts``).
+    ``counts``: each component's records per epoch (``yogacache.read.mixture_order.mixture_counts``).
     """
 
     def __init__(self, readers: Sequence[CacheReader], counts: Sequence[int], *, rotate: bool = True) -> None:

@@ -1,4 +1,7 @@
-"""Mixtures: several caches read as one at set proportions, each epoch one seeded interleaving.
+"""A mixture's order: how many records of each cache an epoch reads, and in which order.
+
+(``yogacache.mixture.Mixture`` is the user's object, ``yogacache.read.mixture_reader`` reads
+the caches by index; this module computes which record each position of an epoch reads.)
 
 A mixture of ``K`` components (caches of ``n_i`` records, equal element specs) reads, in every
 epoch, exactly ``c_i`` records of component ``i`` (``mixture_counts``):
@@ -41,6 +44,11 @@ epoch alone: the same on every node for any world size. Ranks share the mixed or
 mode shares a permutation (``MixtureMode``): rank ``r`` of ``S`` reads positions ``c+r, c+r+S,
 …`` after ``c`` consumed, so a resume state ``(epoch, c)`` is valid at any world size.
 
+Nothing of an epoch's order is stored whole: the keys are computed on demand, and the order is
+put together a block of about ``BLOCK_SIZE`` draws at a time (the draws whose keys lie in one
+``1 / M`` of ``[0, 1)``), in O(K) to find a position's block and O(block) memory per process,
+the same order for every block size (``MixedOrder``).
+
 Pure numpy, no I/O; ``yogacache.mixture`` reads caches this way.
 """
 
@@ -74,6 +82,7 @@ from yogacache.read.shuffle import (
 from yogacache.read.state import MAX_EPOCH, check_components, check_state
 
 __all__ = [
+    "BLOCK_SIZE",
     "MAX_EPOCH_SIZE",
     "MIXTURE_MODE",
     "STOPPING_RULES",
@@ -91,8 +100,9 @@ __all__ = [
 ]
 
 STOPPING_RULES = ("first_exhausted", "all_exhausted")
-# The most records an epoch may hold: its interleaving is sorted in memory, about 20 bytes per
-# record (docs/mixtures.md's Limits), so an epoch set by extreme weights is refused, not begun.
+# The most records an epoch may hold (docs/mixtures.md's Limits): an epoch set by extreme weights
+# is refused, not begun. The interleaving's keys are float64 ``(k + u) / c``: below 2**32 draws
+# of a component, ``k + u`` keeps 21 bits of the keyed ``u``.
 MAX_EPOCH_SIZE = 2**32
 
 
@@ -217,7 +227,7 @@ def check_shares(shares: Sequence[Share], epoch_size: Any = None, stopping: Opti
     if total > MAX_EPOCH_SIZE:
         raise ValueError(
             f"epoch_size {total:,} is more than the {MAX_EPOCH_SIZE:,} records (2**32) a mixture's epoch may "
-            "hold (its interleaving is computed in memory, docs/mixtures.md's Limits)"
+            "hold (docs/mixtures.md's Limits)"
         )
     return total
 
@@ -299,11 +309,34 @@ def check_weights(weights: Any, components: int) -> list[Union[int, float]]:
 # -- the mixed order of an epoch -------------------------------------------------------------------
 
 _KEY_SCALE = 1.0 / float(1 << 53)
+#: Draws per block of the interleaving (``MixedOrder``, about): what a process computes and holds
+#: of an epoch's order at a time. The order is the same for every block size.
+BLOCK_SIZE = 4096
+# Blocks (and block boundaries) each process keeps: a plan's reads move forward a block at a
+# time, and the ranks of a node read neighbouring positions.
+_KEPT_BLOCKS = 4
+_KEPT_BOUNDARIES = 64
+# How far from ``floor(t · c)`` a component's count of keys below ``t`` is looked for first.
+_GUESS = 4
 
 
 def _stable_seed(*labels: object) -> int:
     digest = hashlib.blake2b(":".join(map(str, labels)).encode(), digest_size=8).digest()
     return int.from_bytes(digest, "little") & ((1 << 62) - 1)
+
+
+@dataclass(frozen=True)
+class _Block:
+    """Epoch positions ``[start, start + len(draws))`` of one interleaving: the draws there, and
+    each component's draws before them (``before``)."""
+
+    start: int
+    before: np.ndarray
+    draws: np.ndarray
+
+    @property
+    def end(self) -> int:
+        return self.start + len(self.draws)
 
 
 class MixedOrder:
@@ -313,6 +346,14 @@ class MixedOrder:
     ``passes[i]`` is component ``i``'s own order over its ``sizes[i]`` records (a shuffle mode of
     one shard: pass ``q`` is its plan of epoch ``q``); component ``i``'s records are ``offsets[i]``
     on in the mixture's index space (its components one after the other).
+
+    The interleaving reads the draws in the order of their keys (see the module), computed a
+    block at a time: the keys of the draws of component ``i`` increase with the draw, so the
+    draws whose keys lie below ``t`` are its first ``below(t)_i``, found from ``floor(t · c_i)``
+    with a few key evaluations. Block ``b`` of ``M = ceil(E / block_size)`` is the draws whose
+    keys lie in ``[b / M, (b + 1) / M)``, about ``block_size`` of them, sorted by key (ties to
+    the earlier component): the same order as sorting the epoch's keys at once, for any block
+    size, in O(K) to find a position's block and O(block_size) memory.
     """
 
     def __init__(
@@ -325,6 +366,7 @@ class MixedOrder:
         shuffle: bool,
         reshuffle_each_epoch: bool,
         rotate: bool = True,
+        block_size: int = BLOCK_SIZE,
     ) -> None:
         self.sizes = np.asarray(sizes, dtype=np.int64)
         self.rotate = rotate
@@ -336,49 +378,160 @@ class MixedOrder:
         self.seed = seed
         self.shuffle = shuffle
         self.reshuffle_each_epoch = reshuffle_each_epoch
-        self._slots: dict[int, np.ndarray] = {}  # the latest epochs' interleavings
+        self.block_size = as_int(block_size, "block_size")
+        if self.block_size < 1:
+            raise ValueError(f"block_size must be at least 1, got {self.block_size}")
+        self.num_blocks = max(1, -(-self.epoch_size // self.block_size))
+        self._divisors = np.maximum(self.counts, 1)  # c_i (a component of no draws has no keys)
+        self._blocks: dict[tuple[int, int], _Block] = {}  # the latest blocks, by (key epoch, block)
+        self._below: dict[tuple[int, int], np.ndarray] = {}  # the latest block boundaries' counts
+        self._bases: dict[int, np.ndarray] = {}  # each component's key base, by key epoch
         self._plans: dict[tuple[int, int], EpochPlan] = {}  # the latest passes' plans
         self._lock = threading.Lock()
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        state.update(_slots={}, _plans={}, _lock=None)
+        state.update(_blocks={}, _below={}, _bases={}, _plans={}, _lock=None)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._lock = threading.Lock()
 
-    def slots(self, epoch: int) -> np.ndarray:
-        """Epoch ``epoch``'s draws in order: entry ``j`` is the draw the epoch reads at position
-        ``j``, numbered across components (component ``i``'s ``k``-th draw of the epoch is
-        ``draw_starts[i] + k``). Computed once per epoch (O(E log E)), kept for two epochs."""
+    # -- the interleaving, a block at a time ------------------------------------------------------
+    def _key_epoch(self, epoch: int) -> int:
+        return epoch if self.reshuffle_each_epoch else 0
+
+    def _keys(self, key_epoch: int, components: np.ndarray, draws: np.ndarray) -> np.ndarray:
+        """The keys ``(k + u) / c_i`` of draws ``draws`` (``k``, numbered within the epoch) of
+        ``components`` (``i``), float64, elementwise: ``u`` is the keyed hash of ``(seed, epoch,
+        i, k)`` in ``[0, 1)``, or ``0.5`` unshuffled."""
+        k = draws.astype(np.int64)
+        if self.shuffle and self.seed is not None:
+            bases = self._bases.get(key_epoch)
+            if bases is None:
+                bases = np.array(
+                    [_stable_seed("yogacache.mixture/v1", self.seed, key_epoch, i) for i in range(len(self.counts))],
+                    dtype=np.uint64,
+                )
+                self._bases[key_epoch] = bases
+            jitter = (_mix(k.astype(np.uint64) ^ bases[components]) >> np.uint64(11)).astype(np.float64) * _KEY_SCALE
+            return (k + jitter) / self._divisors[components]
+        return (k + 0.5) / self._divisors[components]
+
+    def _boundary(self, key_epoch: int, block: int) -> np.ndarray:
+        """Each component's draws whose keys lie below block ``block``'s first key, ``block /
+        num_blocks`` (all of them at ``num_blocks``)."""
+        if block <= 0:
+            return np.zeros(len(self.counts), dtype=np.int64)
+        if block >= self.num_blocks:
+            return self.counts.copy()
         with self._lock:
-            found = self._slots.get(epoch)
+            found = self._below.get((key_epoch, block))
         if found is not None:
             return found
-        key_epoch = epoch if self.reshuffle_each_epoch else 0
-        keys = np.empty(self.epoch_size, dtype=np.float64)
-        for i, count in enumerate(self.counts.tolist()):
-            if count == 0:
-                continue
-            start = int(self.draws_start(i))
-            k = np.arange(count, dtype=np.int64)
-            if self.shuffle and self.seed is not None:
-                base = np.uint64(_stable_seed("yogacache.mixture/v1", self.seed, key_epoch, i))
-                jitter = (_mix(k.astype(np.uint64) ^ base) >> np.uint64(11)).astype(np.float64) * _KEY_SCALE
-            else:
-                jitter = np.full(count, 0.5)
-            keys[start : start + count] = (k + jitter) / count
-        order = np.argsort(keys, kind="stable")
-        order = order.astype(np.int32 if self.epoch_size < 2**31 else np.int64)
-        order.setflags(write=False)
+        threshold = block / self.num_blocks
+        counts = self.counts
+        last = np.maximum(counts - 1, 0)
+        low = np.clip(np.floor(threshold * counts).astype(np.int64) - _GUESS, 0, last)
+        high = np.minimum(low + 2 * _GUESS, last)
+        draws = np.minimum(low[:, None] + np.arange(2 * _GUESS + 1), high[:, None])
+        components = np.repeat(np.arange(len(counts)), draws.shape[1]).reshape(draws.shape)
+        below = self._keys(key_epoch, components, draws) < threshold
+        # Below ``low`` all are below where ``low``'s is (or ``low`` is 0); above ``high`` none
+        # is where ``high``'s is not (or ``high`` is the last draw).
+        found = low + (below & (draws < high[:, None])).sum(axis=1) + below[:, -1]
+        sure = ((low == 0) | below[:, 0]) & ((high == last) | ~below[:, -1])
+        for i in np.flatnonzero(~sure & (counts > 0)).tolist():
+            found[i] = self._bisect(key_epoch, i, threshold)
+        found[counts == 0] = 0
         with self._lock:
-            while len(self._slots) >= 2:
-                del self._slots[min(self._slots)]
-            self._slots[epoch] = order
-        return order
+            while len(self._below) >= _KEPT_BOUNDARIES:
+                del self._below[next(iter(self._below))]
+            self._below[(key_epoch, block)] = found
+        return found
 
+    def _bisect(self, key_epoch: int, component: int, threshold: float) -> int:
+        """Component ``component``'s draws whose keys lie below ``threshold``, by bisection."""
+        low, high = 0, int(self.counts[component])
+        which = np.array([component])
+        while low < high:
+            middle = (low + high) // 2
+            if self._keys(key_epoch, which, np.array([middle]))[0] < threshold:
+                low = middle + 1
+            else:
+                high = middle
+        return low
+
+    def _block(self, key_epoch: int, block: int) -> _Block:
+        """Block ``block`` of the interleaving: its draws sorted by key, ties to the earlier
+        component (and draw), as one sort of the whole epoch's keys would order them."""
+        with self._lock:
+            found = self._blocks.get((key_epoch, block))
+        if found is not None:
+            return found
+        before, after = self._boundary(key_epoch, block), self._boundary(key_epoch, block + 1)
+        spans = (after - before).tolist()
+        components = np.repeat(np.arange(len(spans)), spans)
+        draws = np.concatenate(
+            [np.arange(first, last, dtype=np.int64) for first, last in zip(before.tolist(), after.tolist())]
+        )
+        order = np.argsort(self._keys(key_epoch, components, draws), kind="stable")
+        numbered = (self.draw_starts[components] + draws)[order]
+        numbered.setflags(write=False)
+        found = _Block(int(before.sum()), before, numbered)
+        with self._lock:
+            while len(self._blocks) >= _KEPT_BLOCKS:
+                del self._blocks[next(iter(self._blocks))]
+            self._blocks[(key_epoch, block)] = found
+        return found
+
+    def _block_at(self, key_epoch: int, position: int) -> _Block:
+        """The block that holds epoch position ``position``: from its share of the epoch, then
+        the neighbours (a block's start is within K draws of its share)."""
+        block = min(self.num_blocks - 1, position * self.num_blocks // max(1, self.epoch_size))
+        while block > 0 and int(self._boundary(key_epoch, block).sum()) > position:
+            block -= 1
+        while int(self._boundary(key_epoch, block + 1).sum()) <= position:
+            block += 1
+        return self._block(key_epoch, block)
+
+    def draws(self, epoch: int, positions: Any) -> np.ndarray:
+        """The draws epoch ``epoch`` reads at positions ``positions``, numbered across components
+        (component ``i``'s ``k``-th draw of the epoch is ``draw_starts[i] + k``)."""
+        positions = np.asarray(positions, dtype=np.int64)
+        out = np.empty(len(positions), dtype=np.int64)
+        if len(positions) == 0:
+            return out
+        if positions.min() < 0 or positions.max() >= self.epoch_size:
+            raise IndexError(f"mixture positions must lie in [0, {self.epoch_size})")
+        key_epoch = self._key_epoch(epoch)
+        ascending = bool((np.diff(positions) >= 0).all())
+        order = None if ascending else np.argsort(positions, kind="stable")
+        line = positions if order is None else positions[order]
+        done = 0
+        while done < len(line):
+            block = self._block_at(key_epoch, int(line[done]))
+            until = int(np.searchsorted(line, block.end, side="left"))
+            found = block.draws[line[done:until] - block.start]
+            if order is None:
+                out[done:until] = found
+            else:
+                out[order[done:until]] = found
+            done = until
+        return out
+
+    def draws_before(self, epoch: int, position: int) -> np.ndarray:
+        """How many draws of each component epoch positions ``[0, position)`` hold."""
+        if position <= 0:
+            return np.zeros(len(self.sizes), dtype=np.int64)
+        if position >= self.epoch_size:
+            return self.counts.copy()
+        block = self._block_at(self._key_epoch(epoch), position)
+        within = self.component_of(block.draws[: position - block.start])
+        return block.before + np.bincount(within, minlength=len(self.sizes)).astype(np.int64)
+
+    # -- the records of the draws -------------------------------------------------------------------
     def draw_epoch(self, epoch: int) -> int:
         """The epoch whose draws epoch ``epoch`` reads: itself (a downsampled component rotates
         through its records, also where the interleaving stays the same every epoch), or 0 in a
@@ -423,7 +576,7 @@ class MixedOrder:
 
     def records(self, epoch: int, positions: np.ndarray) -> np.ndarray:
         """The mixture's record indices at epoch positions ``positions``."""
-        draws = self.slots(epoch)[np.asarray(positions, dtype=np.int64)].astype(np.int64)
+        draws = self.draws(epoch, positions)
         component = self.component_of(draws)
         if len(self.sizes) == 1:
             return self.component_records(0, epoch, draws)
@@ -432,13 +585,6 @@ class MixedOrder:
             where = component == i
             out[where] = self.offsets[i] + self.component_records(i, epoch, draws[where] - self.draw_starts[i])
         return out
-
-    def draws_before(self, epoch: int, position: int) -> np.ndarray:
-        """How many draws of each component epoch positions ``[0, position)`` hold."""
-        if position <= 0:
-            return np.zeros(len(self.sizes), dtype=np.int64)
-        component = self.component_of(self.slots(epoch)[:position].astype(np.int64))
-        return np.bincount(component, minlength=len(self.sizes)).astype(np.int64)
 
 
 @dataclass(frozen=True)
@@ -516,9 +662,11 @@ class MixtureSchedule(ReadSchedule):
         *,
         budget_bytes: Optional[int] = None,
         rotate: bool = True,
+        block_size: int = BLOCK_SIZE,
     ) -> None:
         """``rotate``: whether a downsampled component reads other records each epoch
-        (``MixedOrder.draw_epoch``)."""
+        (``MixedOrder.draw_epoch``); ``block_size``: draws of the interleaving computed at a
+        time (the order is the same for any)."""
         self.names = tuple(names)
         self.options = options
         self.layouts = list(layouts)
@@ -534,6 +682,7 @@ class MixtureSchedule(ReadSchedule):
             shuffle=options.shuffle,
             reshuffle_each_epoch=options.reshuffle_each_epoch,
             rotate=rotate,
+            block_size=block_size,
         )
         self.order = MixtureMode(self.mixed, options)
         self.num_records = self.mixed.epoch_size
