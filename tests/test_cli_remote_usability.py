@@ -126,3 +126,17 @@ def test_a_wrong_version_of_an_existing_dataset_lists_its_versions(s3_remote: Re
     result = remote.cli("info", "imagenet", "v7")
     assert result.returncode == 1, result.stderr
     assert "imagenet has version(s): 2024-01, 2024-02" in result.stderr, result.stderr
+
+
+def test_a_push_over_another_build_names_the_cache_the_storage_and_the_fix(s3_remote: Remote, tmp_path: Path) -> None:
+    remote = s3_remote
+    remote.node("node-a").build("cifar", "v2", dataset(30))  # published by another node
+    elsewhere = tmp_path / "elsewhere"
+    CacheStore(elsewhere, show_progress=False).build("cifar", "v2", dataset(40))
+    result = remote.cli("push", "cifar", "v2", "--from", str(elsewhere))
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
+    message = " ".join(result.stderr.split())
+    assert "cannot push cifar v2" in message and f"{remote.url}/cifar/v2" in message, message
+    assert "30 records" in message and "40 records" in message, message
+    assert f"yogacache rm cifar v2 --remote --storage {remote.url}" in message, message
+    assert remote.node("node-c").remote_manifest("cifar", "v2").num_records == 30  # type: ignore[union-attr]

@@ -331,8 +331,11 @@ class RemoteCacheStore:
                 if remote.freshness == manifest.freshness:
                     return manifest
                 raise YogaCacheError(
-                    f"{self.location(dataset_id, dataset_version)} holds another "
-                    "build; remove it first (yogacache rm --remote) to replace it"
+                    f"cannot push {dataset_id} {dataset_version}: {self.location(dataset_id, dataset_version)} "
+                    f"holds another build ({remote.build_id}, {remote.num_records:,} records) than this node's "
+                    f"copy ({manifest.build_id}, {manifest.num_records:,} records); to replace it, remove it "
+                    f"first (yogacache rm {dataset_id} {dataset_version} --remote --storage {self.remote_url}), "
+                    f"then push again; to read it, yogacache pull {dataset_id} {dataset_version}"
                 )
             self.local.verify(dataset_id, dataset_version)
             self._publish_replacing(manifest, None, None)
