@@ -245,6 +245,7 @@ def test_verify_good_and_bit_flipped(root: Path) -> None:
     assert result.returncode != 0
     assert "part-00000.mdb" in result.stderr, result.stderr
     assert "Traceback" not in result.stderr
+    assert "next: `yogacache rm mnist v1` and build it again" in " ".join(result.stderr.split()), result.stderr
     # The other caches still verify.
     assert run_cli("verify", "mnist", "v2", "--storage", str(root)).returncode == 0
 

@@ -140,3 +140,19 @@ def test_a_push_over_another_build_names_the_cache_the_storage_and_the_fix(s3_re
     assert "30 records" in message and "40 records" in message, message
     assert f"yogacache rm cifar v2 --remote --storage {remote.url}" in message, message
     assert remote.node("node-c").remote_manifest("cifar", "v2").num_records == 30  # type: ignore[union-attr]
+
+
+def test_a_damaged_local_copy_says_pull_fetches_it_again(s3_remote: Remote) -> None:
+    remote = s3_remote
+    remote.node("node-a").build("mnist", "v1", dataset(20))
+    remote.node("node-b").open("mnist", "v1")  # a local copy on the CLI's node
+    part = remote.local_dir("mnist", "v1") / "part-00000.mdb"
+    data = bytearray(part.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    part.write_bytes(bytes(data))
+    result = remote.cli("verify", "mnist", "v1")
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
+    message = " ".join(result.stderr.split())
+    assert "part-00000.mdb" in message and "next: `yogacache pull mnist v1` fetches the published copy" in message
+    assert remote.cli("pull", "mnist", "v1").returncode == 0
+    assert remote.cli("verify", "mnist", "v1").returncode == 0

@@ -19,7 +19,7 @@ from typing import Any, Optional, Sequence
 from yogacache import progress, redaction
 from yogacache.cli.parser import build_parser
 from yogacache.cli.stores import open_cli_store
-from yogacache.errors import CacheNotFoundError, YogaCacheError
+from yogacache.errors import CacheNotFoundError, CorruptCacheError, YogaCacheError
 from yogacache.store import Store
 
 
@@ -92,6 +92,20 @@ def _not_found_message(store: Store, args: argparse.Namespace, error: CacheNotFo
     else:
         message = f"no cache {dataset_id} {version} at {where}"
     return message + _hint(entries, dataset_id, version)
+
+
+def _corrupt_next_step(store: Store, args: argparse.Namespace) -> str:
+    """What to do about a damaged cache the command named: fetch a good copy where one is
+    published, else remove it and build it again."""
+    dataset_id, version = getattr(args, "dataset_id", None), getattr(args, "version", None)
+    if dataset_id is None or version is None:
+        return ""
+    if store.remote_url is not None and args.command not in ("push",):
+        return (
+            f"; next: `yogacache pull {dataset_id} {version}` fetches the published copy again "
+            f"(`yogacache rm {dataset_id} {version}` removes this node's copy)"
+        )
+    return f"; next: `yogacache rm {dataset_id} {version}` and build it again"
 
 
 def _in_cli_terms(message: str, command: Optional[argparse.ArgumentParser]) -> str:
@@ -212,7 +226,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 1
     except (YogaCacheError, OSError) as error:
         progress.close_all()
-        _print_error(_in_cli_terms(str(error), getattr(args, "command_parser", None)))
+        message = _in_cli_terms(str(error), getattr(args, "command_parser", None))
+        if isinstance(error, CorruptCacheError) and store is not None:
+            message += _corrupt_next_step(store, args)
+        _print_error(message)
         return 1
     except ImportError as error:
         progress.close_all()
