@@ -69,10 +69,26 @@ def test_opening_a_cache_being_built_says_who_builds_it_and_how_to_wait(tmp_path
         )
         assert info.returncode == 1 and f"pid {builder.pid} on {socket.gethostname()}" in info.stderr, info.stderr
         assert "Traceback" not in info.stderr
+        # `yogacache build` of the same cache waits for that build, saying whose, then rebuilds.
+        (tmp_path / "five.py").write_text("def make():\n    return [{'x': i} for i in range(5)]\n")
+        second = subprocess.Popen(
+            [sys.executable, "-m", "yogacache", "build", "ds", "v1", f"{tmp_path / 'five.py'}:make",
+             "--storage", str(root)],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=python_env(),
+        )
+        assert second.stderr is not None
+        said = second.stderr.readline()
+        assert f"waiting for pid {builder.pid} on {socket.gethostname()} building ds:v1" in said, said
     finally:
         go.touch()
         out, _ = builder.communicate(timeout=120)
     assert builder.returncode == 0 and "built" in out
+    second_out, second_err = second.communicate(timeout=120)
+    assert second.returncode == 0 and "built ds v1: 5 records" in second_out, second_err
+    kinds_rebuilt = CacheStore(root).open("ds", "v1")
+    assert len(kinds_rebuilt) == 5
+    kinds_rebuilt.close()
+    CacheStore(root).build("ds", "v1", [{"x": i} for i in range(10)])  # as the builder left it
     for kind in kinds:  # the build finished: every way of opening reads all of it
         opened = opener_of(kind, root)()
         assert len(opened) == 10  # type: ignore[arg-type]

@@ -182,8 +182,9 @@ class CacheStore:
 
     # -- building -------------------------------------------------------------------------
     def build(self, dataset_id: str, dataset_version: str, data: Any) -> Manifest:
-        """Builds a cache from ``data`` and publishes it, replacing any existing one."""
-        with self.lock(dataset_id, dataset_version):
+        """Builds a cache from ``data`` and publishes it, replacing any existing one (after
+        another process's build of it, which it waits for, saying whose)."""
+        with self.lock(dataset_id, dataset_version, on_wait=waiter(dataset_id, dataset_version)):
             return self.build_locked(dataset_id, dataset_version, source_for(data))
 
     def get_or_build(
