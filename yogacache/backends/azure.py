@@ -158,6 +158,11 @@ def _default_credential() -> Any:
     return DefaultAzureCredential()
 
 
+# Blobs per List Blobs request of a whole listing (``list``): the most Azure returns in one
+# (5,000); the SDK follows each page's marker to the next.
+LIST_ALL_PAGE = 5000
+
+
 class AzureObjectStore(CopyableObjectStore, PinnedObjectStore):
     """Objects under ``az://container/prefix`` of one storage account."""
 
@@ -381,7 +386,9 @@ class AzureObjectStore(CopyableObjectStore, PinnedObjectStore):
             try:
                 return [
                     ObjectInfo(key=blob.name[strip:], size=int(blob.size or 0))
-                    for blob in self._container.list_blobs(name_starts_with=full or None, include=["metadata"])
+                    for blob in self._container.list_blobs(
+                        name_starts_with=full or None, include=["metadata"], results_per_page=LIST_ALL_PAGE
+                    )
                     # A hierarchical-namespace account lists its directories as empty blobs.
                     if (blob.metadata or {}).get("hdi_isfolder") != "true"
                 ]

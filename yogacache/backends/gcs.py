@@ -266,8 +266,9 @@ class GCSObjectStore(base.CopyableObjectStore, base.PinnedObjectStore):
         def call() -> list[base.ObjectInfo]:
             return [
                 base.ObjectInfo(key=blob.name[strip:], size=int(blob.size or 0))
+                # Pages of 1,000 (the most GCS returns in one), each page token followed.
                 for blob in self._client.list_blobs(
-                    self.bucket_name, prefix=full, retry=None, timeout=self.timeout
+                    self.bucket_name, prefix=full, page_size=base.LIST_PAGE, retry=None, timeout=self.timeout
                 )
             ]
 
