@@ -37,6 +37,8 @@ except ImportError as error:  # pragma: no cover - exercised only without Ray
 from yogacache import redaction
 from yogacache.format.spec import STRING, Spec, leaf_paths, spec_leaves
 from yogacache.read.epochs import EpochReader, layout_of
+from yogacache.read.layout import PartLayout
+from yogacache.read.plans import GlobalPlan
 from yogacache.read.options import ReadOptions, stream_arguments, stream_signature
 from yogacache.read.pipeline import CacheSource, open_reader
 from yogacache.read.reader import CacheReader
@@ -102,6 +104,7 @@ class CacheDatasource(Datasource):  # type: ignore[misc]
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         state.pop("_epoch_reader", None)  # the reader pickles; the schedule is rebuilt on arrival
+        state.pop("_part_layout", None)
         return state
 
     def __len__(self) -> int:
@@ -141,27 +144,41 @@ class CacheDatasource(Datasource):  # type: ignore[misc]
         total = len(self)
         if total == 0:
             return [0]
-        parts = max(1, layout_of(self.reader).num_parts)
+        parts = max(1, self._layout().num_parts)
         count = max(1, min(operator.index(parallelism), total, parts))
-        even = [round(k * total / count) for k in range(count + 1)]
+        # k·total/count rounded half to even, as ``round`` does (exact: k·total < 2**53).
+        even = np.rint(np.arange(count + 1, dtype=np.int64) * total / count).astype(np.int64)
         if count == 1:
-            return even
+            return even.tolist()  # type: ignore[no-any-return]
         cuts = self._clean_cuts()
         if len(cuts):
-            tolerance = total / count / 2
-            for k in range(1, count):
-                at = int(np.searchsorted(cuts, even[k]))
-                near = [int(cuts[i]) for i in (at - 1, at) if 0 <= i < len(cuts)]
-                best = min(near, key=lambda cut: abs(cut - even[k]))
-                if abs(best - even[k]) <= tolerance:
-                    even[k] = best
-        return sorted(set(even))
+            # Each inner bound moves to the nearest clean cut (the lower one on a tie) when
+            # that is within half a range: one vectorised pass, not a search per task.
+            inner = even[1:-1]
+            at = np.searchsorted(cuts, inner)
+            below = cuts[np.maximum(at - 1, 0)]
+            above = cuts[np.minimum(at, len(cuts) - 1)]
+            take_below = (at > 0) & ((at == len(cuts)) | (np.abs(below - inner) <= np.abs(above - inner)))
+            best = np.where(take_below, below, above)
+            even[1:-1] = np.where(np.abs(best - inner) <= total / count / 2, best, inner)
+        return np.unique(even).tolist()  # type: ignore[no-any-return]
+
+    def _layout(self) -> PartLayout:
+        """How the reader's records lie in parts (made once per process: not pickled)."""
+        layout: Optional[PartLayout] = self.__dict__.get("_part_layout")
+        if layout is None:
+            layout = self.__dict__["_part_layout"] = layout_of(self.reader)
+        return layout
 
     def _clean_cuts(self) -> np.ndarray:
         """Plan positions (inside the plan) before which every part read is done with: the
         parts' starts in cache order, the window boundaries of ``"parts"``, none where parts
-        are read at random."""
-        if layout_of(self.reader).num_parts < 2:
+        are read at random (a permuted ``"global"`` plan: not looked for, which would map every
+        record of the epoch through the permutation)."""
+        if self._layout().num_parts < 2:
+            return np.empty(0, dtype=np.int64)
+        plan = self._epochs().schedule.plan(self.epoch, self.position)
+        if isinstance(plan, GlobalPlan) and plan.permutation is not None:
             return np.empty(0, dtype=np.int64)
         uses = self._epochs().schedule.parts_needed(self.epoch, self.position)
         if len(uses) < 2:
@@ -237,7 +254,7 @@ def _dataset(
     tasks, splits every block after reading it, which cost 2.5x the read in the benchmark."""
     blocks = override_num_blocks
     if blocks is None:
-        blocks = max(1, len(datasource.task_bounds(layout_of(datasource.reader).num_parts)) - 1)
+        blocks = max(1, len(datasource.task_bounds(datasource._layout().num_parts)) - 1)
     remote_args = dict(ray_remote_args or {})
     dataset = ray.data.read_datasource(datasource, override_num_blocks=blocks, ray_remote_args=remote_args)
     # The Dataset's own DataContext (a copy made by read_datasource): the global one is untouched.
