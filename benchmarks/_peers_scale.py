@@ -198,7 +198,8 @@ def main() -> None:
     if action == "prepare":
         done = os.path.join(out, ".prepared")
         if not os.path.exists(done):
-            os.makedirs(out, exist_ok=True)
+            shutil.rmtree(out, ignore_errors=True)  # what a failed attempt left
+            os.makedirs(out)
             globals()[f"prepare_{peer}"](spec, out)
             open(done, "w").close()
         print(json.dumps({"prepared": out}), flush=True)

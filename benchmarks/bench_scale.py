@@ -382,6 +382,13 @@ def peers_python(venv: str) -> tuple[Optional[str], str]:
     return python, f"{why} datasets {version}"
 
 
+def _commit() -> str:
+    """The checkout's commit, marked ``+changes`` when its yogacache/ differs from it."""
+    head = subprocess.run(["git", "-C", REPO, "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    dirty = subprocess.run(["git", "-C", REPO, "status", "--porcelain", "yogacache"], capture_output=True, text=True)
+    return head.stdout.strip() + (" +changes" if dirty.stdout.strip() else "")
+
+
 def size(text: str) -> int:
     return int(float(text))
 
@@ -417,6 +424,9 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds per measurement")
     parser.add_argument("--mem-cap", type=float, default=4.0, help="GiB (anon + shmem) per measurement")
     parser.add_argument("--out")
+    parser.add_argument(
+        "--combine", nargs="+", metavar="JSON", help="print the table of earlier --out files (rows and peers merged)"
+    )
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--spec", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -425,6 +435,9 @@ def main() -> None:
         print(json.dumps(result), flush=True)
         os._exit(0)
 
+    if args.combine:
+        print(combined(args.combine))
+        return
     sizes = [10**5, 10**6] if args.quick else sorted(size(s) for s in args.sizes.split(","))
     rows = [r for r in args.rows.split(",") if r]
     peers = [] if args.no_peers else [p for p in args.peers.split(",") if p]
@@ -441,6 +454,8 @@ def main() -> None:
         "peers": {},
         "peers_versions": peers_why,
         "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "commit": _commit(),
+        "load": os.getloadavg()[0],
     }
     specs = {}
     for n in sizes:
@@ -478,6 +493,26 @@ def main() -> None:
     if args.out:
         with open(args.out, "w") as f:
             json.dump(results, f, indent=2)
+
+
+def combined(paths: list[str]) -> str:
+    """The report of several ``--out`` files: the rows and peers of each, later files winning."""
+    merged: dict[str, Any] = {"rows": {}, "peers": {}, "specs": {}, "peers_versions": ""}
+    for path in paths:
+        with open(path) as f:
+            part = json.load(f)
+        for key in ("rows", "peers"):
+            for name, by_size in part[key].items():
+                merged[key].setdefault(name, {}).update(by_size)
+        merged["specs"].update(part["specs"])
+        if part["rows"]:
+            merged["commit"], merged["load"] = part.get("commit", "?"), part.get("load", 0)
+        if part["peers"]:
+            merged["peers_versions"] = part["peers_versions"]
+    sizes = sorted(int(n) for n in merged["specs"])
+    rows = [r for r in ROWS if r in merged["rows"]]
+    peers = [p for p in PEERS if p in merged["peers"]]
+    return report(merged, sizes, rows, peers)
 
 
 def report(results: dict[str, Any], sizes: list[int], rows: list[str], peers: list[str]) -> str:
@@ -523,6 +558,7 @@ def report(results: dict[str, Any], sizes: list[int], rows: list[str], peers: li
             cells.append(f"failed: {r['error']}" if "error" in r else f"{fmt_s(r['first_s'])}; {fmt_mb(r['growth'])}")
         lines.append(f"| {peer} | " + " | ".join(cells) + " |")
     lines += ["", f"Peers: {results['peers_versions']}", ""]
+    lines += [f"yogacache at {results.get('commit', '?')}, load average {results.get('load', 0):.1f} at the start.", ""]
     lines += targets(results, sizes, rows, peers)
     return "\n".join(lines)
 
