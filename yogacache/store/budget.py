@@ -492,6 +492,19 @@ def in_flight_bytes(root: Path) -> int:
     return total
 
 
+def downloads_of(directory: Path, part_names: Sequence[str]) -> list[Path]:
+    """The temporary files of downloads of the parts ``part_names`` in ``directory`` (under way,
+    or left by a killed downloader): one listing of the directory, however many names."""
+    marks = tuple(f".{name}{TEMP_MARK}" for name in part_names)
+    if not marks:
+        return []
+    try:
+        with os.scandir(directory) as entries:
+            return [Path(entry.path) for entry in entries if entry.name.startswith(marks)]
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+
+
 def fetch_lock(
     directory: Path,
     part_name: str,

@@ -25,10 +25,16 @@ first makes every reader of its process give up the parts it holds between reads
 names itself in its process's lease (its cache, largest part and budget) when it opens and when
 it first reads, refused with a ConfigError when the node's readers need more than the node's
 budget (``budget.check_node_minimum``). A reader closed or garbage-collected releases its parts.
+
+What a reader keeps and does per step is flat in the cache's number of parts: a part's file
+name, key and URL are made when it is fetched (not a list of every part's, in each process the
+reader is sent to), and each step announces and fetches from the next parts of its order only
+(``ReadOrder.needed``), listing the part directory at most once per fetch.
 """
 
 from __future__ import annotations
 
+import heapq
 import math
 import os
 import threading
@@ -37,7 +43,7 @@ import uuid
 import weakref
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence, overload
 
 from yogacache import redaction
 from yogacache.backends.base import (
@@ -75,8 +81,7 @@ def minimum_budget(manifest: Manifest) -> int:
     """The smallest budget a streamed read of ``manifest`` works in: the part being read and the
     next one being fetched (the two largest parts; before a manifest is known, the configured
     part size is checked the same way: ``config.check_part_budget``)."""
-    sizes = sorted((part.size_bytes for part in manifest.parts), reverse=True)
-    return sum(sizes[:PARTS_IN_FLIGHT])
+    return sum(heapq.nlargest(PARTS_IN_FLIGHT, (part.size_bytes for part in manifest.parts)))
 
 
 def check_budget(manifest: Manifest, limit: Optional[int]) -> None:
@@ -99,8 +104,6 @@ class StreamingParts:
         self,
         manifest: Manifest,
         root: Path,
-        object_keys: Sequence[str],
-        object_urls: Sequence[str],
         *,
         objects: Optional[ObjectStore],
         objects_factory: Optional[Callable[[], ObjectStore]],
@@ -111,9 +114,7 @@ class StreamingParts:
         self.manifest = manifest
         self.root = root
         self.directory = root / budget.PARTS_DIR / manifest.dataset_id / manifest.dataset_version
-        self.file_names = [keys.part_object_name(manifest.build_id, part.name) for part in manifest.parts]
-        self.object_keys = list(object_keys)
-        self.object_urls = list(object_urls)
+        self.file_names = PartFileNames(manifest)
         self.limit = limit
         self.largest_part = max((part.size_bytes for part in manifest.parts), default=0)
         self.transfer_threads = max(1, transfer_threads)
@@ -142,6 +143,7 @@ class StreamingParts:
         self._ahead: dict[int, Future[None]] = {}
         self._reading = ReadOrder()  # where the reader is in its announced order
         self._fetched = 0  # parts downloaded since this epoch's order was announced
+        self._announced: dict[int, str] = {}  # part -> its item, for the parts announced last
         self._warned = False
         self._held: dict[int, int] = {}
         # The pace: seconds a part's download takes, and seconds between the reader's steps to
@@ -301,7 +303,8 @@ class StreamingParts:
             return
         with self._lock:
             pool, self._pool = self._pool, None
-            self._reading.order, self._ahead = [], {}
+            self._reading.set([], 0)
+            self._ahead = {}
             stopping, self._stopping = self._stopping, threading.Event()
             held, self._held = self._held, {}
             self._registered = False
@@ -321,9 +324,12 @@ class StreamingParts:
     # -- fetching --------------------------------------------------------------------------
     def _announce(self) -> None:
         with self._lock:
-            needed, now, _start = self._reading.needed()
-        upcoming = needed[: budget.UPCOMING_LIMIT]
-        budget.process_lease(self.root).announce(self._key, [self.item(index) for index in upcoming], now, self.scale)
+            upcoming, now, _start = self._reading.needed(budget.UPCOMING_LIMIT)
+            # The lease names each part by its item; a step moves the list by a part or so, so
+            # the names of the last announcement serve again (not rebuilt, 1024 a step).
+            known = self._announced
+            self._announced = names = {index: known.get(index) or self.item(index) for index in upcoming}
+        budget.process_lease(self.root).announce(self._key, [names[index] for index in upcoming], now, self.scale)
 
     def _note_step(self) -> None:
         """Measures the reader's pace: the seconds it reads per part of its order, from one
@@ -363,7 +369,7 @@ class StreamingParts:
         """Starts fetches of the next parts of the announced order (not yet on the node): this
         epoch's, and at most the first of the next epoch's."""
         with self._lock:
-            _needed, _now, start = self._reading.needed()
+            start = self._reading.start
             end = min(self._reading.position + 1 + self._ahead_count(), self._reading.current + 1)
             window = self._reading.order[self._reading.position : end]
             if window and not os.path.exists(self.path(window[0])):
@@ -420,7 +426,7 @@ class StreamingParts:
         with budget.fetch_lock(self.directory, self.file_names[index], on_wait=on_wait):
             if part_file_verified(target, part):
                 return
-            for stale in self.directory.glob(f".{self.file_names[index]}{budget.TEMP_MARK}*"):
+            for stale in budget.downloads_of(self.directory, [self.file_names[index]]):
                 stale.unlink(missing_ok=True)  # a download killed midway (we hold its lock)
             temp = self._reserve(index, on_demand=on_demand, distance=distance)
             if temp is None:
@@ -446,13 +452,11 @@ class StreamingParts:
             while end < len(order) and order[end] != index:
                 end += 1
             nearer = order[position:end]
-        for other in nearer:
-            name = self.file_names[other]
-            if os.path.exists(self.path(other)):
-                continue
-            if not any(self.directory.glob(f".{name}{budget.TEMP_MARK}*")):
-                return True
-        return False
+        missing = [self.file_names[other] for other in nearer if not os.path.exists(self.path(other))]
+        if not missing:
+            return False
+        temps = [path.name for path in budget.downloads_of(self.directory, missing)]  # one listing
+        return any(not any(temp.startswith(f".{name}{budget.TEMP_MARK}") for temp in temps) for name in missing)
 
     def _count_fetch(self) -> None:
         """Counts a download of this epoch; warns once when an epoch fetched more than each of
@@ -548,7 +552,8 @@ class StreamingParts:
     def _download(self, index: int, temp: Path, stopping: Optional[threading.Event] = None) -> None:
         """Downloads part ``index`` into ``temp``, verifies it and renames it to its name
         (``transfers.download_part``); a fetch ahead stops once ``stopping`` is set."""
-        url = self.object_urls[index]
+        key = keys.part_key(self.manifest, self.manifest.parts[index])
+        url = self.objects.url(key)
 
         def on_bytes(count: int) -> None:
             if stopping is not None and stopping.is_set():
@@ -556,7 +561,7 @@ class StreamingParts:
 
         download_part(
             self.objects,
-            self.object_keys[index],
+            key,
             self.manifest.parts[index],
             temp,
             cache=f"{self.manifest.dataset_id}:{self.manifest.dataset_version}",
@@ -579,6 +584,29 @@ class StreamingParts:
         return CorruptCacheError(
             f"{url} is missing although its manifest is published (deleted from the bucket?); publish the cache again"
         )
+
+
+class PartFileNames(Sequence[str]):
+    """The node-local file name of each part of a build (``keys.part_object_name``), made when
+    asked for: a reader of a 100,000-part cache holds (and pickles) no list of them."""
+
+    def __init__(self, manifest: Manifest) -> None:
+        self.build_id = manifest.build_id
+        self.parts = manifest.parts
+
+    def __len__(self) -> int:
+        return len(self.parts)
+
+    @overload
+    def __getitem__(self, index: int) -> str: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[str]: ...
+
+    def __getitem__(self, index: int | slice) -> str | list[str]:
+        if isinstance(index, slice):
+            return [keys.part_object_name(self.build_id, part.name) for part in self.parts[index]]
+        return keys.part_object_name(self.build_id, self.parts[index].name)
 
 
 def _averaged(average: Optional[float], sample: float, weight: float = 0.3) -> float:
@@ -625,14 +653,10 @@ def stream_cache(
     whose parts stream into the node-local part cache."""
     check_budget(manifest, limit)
     dataset_id, dataset_version = manifest.dataset_id, manifest.dataset_version
-    part_keys = [keys.part_key(manifest, part) for part in manifest.parts]
-
     store.local.check_root(create=True)
     provider = StreamingParts(
         manifest,
         store.local.root,
-        part_keys,
-        [store.objects.url(key) for key in part_keys],
         objects=store.objects,
         objects_factory=objects_factory,
         manifest_key=keys.manifest_key(dataset_id, dataset_version),
