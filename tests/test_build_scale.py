@@ -243,3 +243,29 @@ def test_a_dataset_that_does_not_pickle_builds_with_forked_workers_and_is_refuse
         r"TypeError: cannot pickle '_thread.lock' object; make it picklable, or build from a module-level function",
     ):
         store.build("ds", "v2", sharded(data, 2, in_process_below=0, start_method="spawn"))
+
+
+def test_object_shards_share_the_class_table_once_per_worker_not_once_per_job(tmp_path: Path) -> None:
+    """An imagefolder's class table (ImageNet-21k: 21,841 classes) is in every shard's recipe; a
+    pool sends it to each worker once, and each job names it."""
+    from yogacache.parallel.shards import ObjectsShard
+    from yogacache.sources import from_url
+
+    root = tmp_path / "images"
+    classes = [f"n{index:08d}-a-class-name-as-long-as-imagenet-descriptions-are" for index in range(300)]
+    for index, label in enumerate(classes):
+        (root / label).mkdir(parents=True)
+        (root / label / "0.png").write_bytes(f"image {index}".encode())
+    table = len(pickle.dumps({label: index for index, label in enumerate(classes)}))
+    one = CacheStore(tmp_path / "one", show_progress=False)
+    one.build("ds", "v1", from_url(str(root), format="imagefolder"))
+    recipes = from_url(str(root), format="imagefolder").shard_recipes(files_per_shard=10)
+    build = sharded([ObjectsShard(recipe) for recipe in recipes], 2)
+    assert len(build.shards) == 30
+    two = CacheStore(tmp_path / "two", show_progress=False)
+    two.build("ds", "v1", build)
+    sent = build.sent
+    assert (sent.start_method, sent.data) == ("spawn", "pickled")
+    assert sent.per_worker > table and max(sent.per_job) < table  # the table once per worker, in no job
+    same_records(records(two), records(one))
+    assert [int(record["cls"]) for record in records(two)] == list(range(300))

@@ -55,6 +55,7 @@ from yogacache.parallel.shards import (
     BuildShardError,
     CallShard,
     IndexRange,
+    ObjectsShard,
     ShardResult,
     as_shards,
     assemble_manifest,
@@ -188,14 +189,17 @@ def _run_shard(blob: bytes) -> ShardResult:
     if os.getppid() != job["parent"] or not Path(job["directory"]).is_dir():
         os._exit(1)  # the driver is gone (and the next build may have removed its directory)
     shard = job["shard"]
-    if isinstance(shard, IndexRange) and isinstance(shard.data, SharedData):
-        try:
+    try:
+        if isinstance(shard, IndexRange) and isinstance(shard.data, SharedData):
             shard = replace(shard, data=shard.data.resolve())
-        except Exception as error:  # the user's function or dataset, made again in this worker
-            raise BuildShardError(
-                f"build shard {job['index']} of {job['dataset_id']}:{job['dataset_version']} failed: "
-                f"making its dataset in a worker process: {type(error).__name__}: {error}"
-            ) from None
+        if isinstance(shard, ObjectsShard):
+            recipe = {k: v.resolve() if isinstance(v, SharedData) else v for k, v in shard.recipe.items()}
+            shard = replace(shard, recipe=recipe)
+    except Exception as error:  # the user's function or dataset, made again in this worker
+        raise BuildShardError(
+            f"build shard {job['index']} of {job['dataset_id']}:{job['dataset_version']} failed: "
+            f"making its dataset in a worker process: {type(error).__name__}: {error}"
+        ) from None
     progress = ShardProgress(job["index"], _updates.put, job["parent"])
     return write_shard(
         shard,
@@ -411,27 +415,39 @@ class ShardedBuild:
         unsafe = fork_unsafe()
         if unsafe:
             return "spawn", f"forking is not safe here: {unsafe}"
-        return "fork", "its workers inherit the dataset of its index ranges"
+        return "fork", "on Linux, with nothing imported that a fork breaks"
 
-    def _shared(self) -> dict[int, SharedData]:
-        """A stand-in for each dataset of this build's index ranges, by its id()."""
-        shared: dict[int, SharedData] = {}
+    def _shared(self) -> dict[int, tuple[SharedData, Any]]:
+        """What many shards share, by id(), with its stand-in: the dataset of index ranges, and
+        the parts of object shards' recipes common to every shard (``ObjectsShard.SHARED``: the
+        URLs given, their prefixes, imagefolder's class table), which workers then get once."""
+        shared: dict[int, tuple[SharedData, Any]] = {}
+
+        def add(value: Any) -> None:
+            if id(value) not in shared:
+                shared[id(value)] = (SharedData(uuid.uuid4().hex, len(value)), value)
+
         for shard in self.shards:
-            if isinstance(shard, IndexRange) and id(shard.data) not in shared:
-                shared[id(shard.data)] = SharedData(uuid.uuid4().hex, len(shard.data))
+            if isinstance(shard, IndexRange):
+                add(shard.data)
+            elif isinstance(shard, ObjectsShard):
+                for key in ObjectsShard.SHARED:
+                    if isinstance(shard.recipe.get(key), (list, dict)):
+                        add(shard.recipe[key])
         return shared
 
-    def _send(self, shared: dict[int, SharedData], method: str) -> tuple[dict[str, tuple[str, bytes]], str]:
+    def _send(
+        self, shared: dict[int, tuple[SharedData, Any]], method: str
+    ) -> tuple[dict[str, tuple[str, bytes]], str]:
         """What each spawned worker is sent once (by token: the call that makes a dataset again,
-        else the dataset pickled), and how the data got there; forked workers are sent nothing."""
+        else the value pickled), and how it got there; forked workers are sent nothing."""
         if not shared:
             return {}, ""
         if method == "fork":
             return {}, "inherited"
-        datasets = {id(shard.data): shard.data for shard in self.shards if isinstance(shard, IndexRange)}
         sent: dict[str, tuple[str, bytes]] = {}
         kinds = set()
-        for key, stand_in in shared.items():
+        for key, (stand_in, value) in shared.items():
             recipe = self.remakes.get(key)
             blob = portable_pickle(recipe) if recipe is not None else None
             if blob is not None:
@@ -439,10 +455,10 @@ class ShardedBuild:
                 kinds.add("remade")
                 continue
             try:
-                sent[stand_in.token] = ("data", bytes(multiprocessing.reduction.ForkingPickler.dumps(datasets[key])))
+                sent[stand_in.token] = ("data", bytes(multiprocessing.reduction.ForkingPickler.dumps(value)))
             except Exception as error:  # PicklingError, TypeError, AttributeError: what spawn would meet
                 raise BuildError(
-                    f"the dataset of this build ({type(datasets[key]).__name__}) could not be sent to a spawned "
+                    f"the dataset of this build ({type(value).__name__}) could not be sent to a spawned "
                     f"worker process: {type(error).__name__}: {error}; make it picklable, or build from a "
                     "module-level function that makes it (docs/parallel-build.md)"
                 ) from None
@@ -456,14 +472,20 @@ class ShardedBuild:
         dataset_version: str,
         limits: BuildLimits,
         part_size_bytes: int,
-        shared: Optional[dict[int, SharedData]] = None,
+        shared: Optional[dict[int, tuple[SharedData, Any]]] = None,
     ) -> list[dict[str, Any]]:
-        """Each shard's job; with ``shared``, an index range names its dataset's stand-in, not the data."""
+        """Each shard's job; with ``shared``, what shards share is named by its stand-in (see _shared)."""
         offsets = known_offsets(self.shards)
 
         def sendable(shard: BuildShard) -> BuildShard:
             if shared and isinstance(shard, IndexRange):
-                return replace(shard, data=shared[id(shard.data)])
+                return replace(shard, data=shared[id(shard.data)][0])
+            if shared and isinstance(shard, ObjectsShard):
+                recipe = {
+                    key: shared[id(value)][0] if key in ObjectsShard.SHARED and id(value) in shared else value
+                    for key, value in shard.recipe.items()
+                }
+                return replace(shard, recipe=recipe)
             return shard
 
         return [
@@ -518,19 +540,17 @@ class ShardedBuild:
         self.sent = SentToWorkers(method, how, sum(len(blob) for _, blob in sent.values()), tuple(map(len, blobs)))
         log.info(
             "building %s:%s on %d %s workers (%s)%s", dataset_id, dataset_version, workers, method, why,
-            f"; the dataset of its index ranges: {how}" if how else "",
+            f"; what its shards share: {how}" if how else "",
         )
         if method == "fork":
-            for key, stand_in in shared.items():
-                _SHARED[stand_in.token] = next(
-                    shard.data for shard in self.shards if isinstance(shard, IndexRange) and id(shard.data) == key
-                )
+            for stand_in, value in shared.values():
+                _SHARED[stand_in.token] = value
         try:
             return self._attempts(
                 jobs, blobs, sent, method, directory, dataset_id, dataset_version, totals, syncing, workers
             )
         finally:
-            for stand_in in shared.values():
+            for stand_in, _ in shared.values():
                 _SHARED.pop(stand_in.token, None)
 
     def _attempts(

@@ -166,6 +166,9 @@ class ObjectsShard(BuildShard):
     """Some objects of an object source (``yogacache.sources.from_url``): one tar or zip shard,
     or a run of plain files, as ``ObjectSource.shard_recipes`` lists them."""
 
+    # What every shard's recipe holds the same of (by identity): a pool sends it once per worker.
+    SHARED = ("urls", "prefixes", "classes")
+
     recipe: dict[str, Any]
 
     def make(self) -> Any:
