@@ -105,3 +105,27 @@ def test_a_server_side_copy_on_an_endpoint_with_a_wrong_crc32c_is_read_back_and_
     reader: Any = node.open("ds", "v1")
     assert reader_keys(reader) == expected_keys(N)
     reader.close()
+
+
+def test_a_copy_from_a_directory_to_an_endpoint_with_a_wrong_crc32c(crc32_server: S3Server, tmp_path: Path) -> None:
+    """The README's "Trying S3" server, as a plain ``pip install 'moto[server]'`` gives it: a copy
+    from a directory either publishes a cache that reads back exactly, or fails leaving nothing
+    behind at the destination (no orphan part, no build lease)."""
+    from yogacache.store.local import CacheStore
+
+    shared = tmp_path / "shared"
+    built = CacheStore(shared, part_size_bytes=100_000, show_progress=False).build("ds", "v1", dataset(N))
+    bucket = crc32_server.new_bucket()
+    target = S3ObjectStore(bucket, "caches", endpoint_url=crc32_server.endpoint_url)
+    try:
+        report = copy_cache(str(shared), target, "ds", "v1", show_progress=False)
+    except Exception as error:  # noqa: BLE001 - either outcome is checked below
+        print("refused:", error)
+        assert [info.key for info in target.list("")] == [], "a failed copy left objects behind"
+        raise
+    assert report.published
+    node = RemoteCacheStore(target, tmp_path / "node", show_progress=False)
+    assert node.remote_manifest("ds", "v1").freshness == built.freshness  # type: ignore[union-attr]
+    reader: Any = node.open("ds", "v1")
+    assert reader_keys(reader) == expected_keys(N)
+    reader.close()

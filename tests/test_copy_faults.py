@@ -57,7 +57,9 @@ def test_a_source_that_keeps_failing_fails_the_copy_and_publishes_nothing(publis
         copy_cache(source, destination, "ds", "v1", show_progress=False)
     assert "testing-secret" not in str(raised.value)
     assert destination.read(f"ds/v1/{MANIFEST_NAME}") is None
-    # Once the source answers again, the copy resumes and publishes.
+    # A failed copy leaves nothing at the destination: no part it uploaded, no build lease.
+    assert [info.key for info in destination.list("")] == []
+    # Once the source answers again, the copy runs again and publishes.
     proxy.clear_rules()
     report = copy_cache(source, destination, "ds", "v1", show_progress=False)
     assert report.published and part in report.copied

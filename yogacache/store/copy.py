@@ -198,6 +198,7 @@ def _destination_lease(dst: CacheLocation, manifest: Manifest) -> ContextManager
         LeaseTimes(DEFAULT_LEASE_SECONDS),
         build_id=manifest.build_id,
         doing="copying",
+        remove_on_failure=True,  # a failed copy leaves nothing at the destination
     )
 
 
@@ -229,8 +230,11 @@ def _copy_holding_lease(
             )
     try:
         parts = _copy_parts(src, dst, manifest, report, threads=threads, show_progress=show_progress)
-    except CorruptCacheError:
-        if not same:  # refused: no manifest names this build's parts at the destination
+    except Exception:
+        # Refused or failed: no manifest names this build's parts at the destination, so they
+        # go (with the lease, released by the caller). An interrupted copy (Ctrl-C, SIGTERM:
+        # not an Exception) keeps them, and the same command resumes it.
+        if not same:
             _remove_parts(dst, manifest)
         raise
     _say_read_back(dst, report)

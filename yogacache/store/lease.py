@@ -315,7 +315,9 @@ class Lease:
                 return
             self.token = token
 
-    def release(self) -> None:
+    def release(self, *, remove: bool = False) -> None:
+        """Releases the lease. ``remove``: deletes the lease object instead, where what it
+        guarded came to nothing (a failed copy): no object of the cache is left behind."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
@@ -323,9 +325,12 @@ class Lease:
         if self.token is not None and not self.lost:
             # Released is written conditionally on our own version: this needs no
             # conditional delete (which not every server enforces) and never clobbers a
-            # lease someone else holds.
+            # lease someone else holds. A removal is conditional too, where the server checks.
             try:
-                self.objects.write(self.key, self._payload(released=True), if_token=self.token)
+                if remove:
+                    self.objects.delete(self.key, if_token=self.token)
+                else:
+                    self.objects.write(self.key, self._payload(released=True), if_token=self.token)
             except Exception as error:  # an unreleased lease simply goes stale
                 log.warning("releasing build lease %s failed: %s", self.objects.url(self.key), error)
         self.token = None
@@ -410,8 +415,10 @@ def holding(
     poll_seconds: float = 1.0,
     timeout: Optional[float] = None,
     doing: str = "building",
+    remove_on_failure: bool = False,
 ) -> Iterator[Lease]:
-    """Holds the build lease at ``key`` for the block (renewed meanwhile, released after),
+    """Holds the build lease at ``key`` for the block (renewed meanwhile, released after;
+    ``remove_on_failure``: deleted when the block fails with an Exception),
     waiting while another process holds it. Every writer of a cache's objects (a build's publish,
     a push, a copy to it, the removal of parts no manifest names) holds it, so that none of them
     deletes or replaces what another is writing. ``what`` (``ID:VERSION``) names the cache in the
@@ -427,5 +434,8 @@ def holding(
     )
     try:
         yield lease
-    finally:
-        lease.release()
+    except BaseException as error:
+        # Failed (not interrupted, which may resume): the lease object goes, if asked.
+        lease.release(remove=remove_on_failure and isinstance(error, Exception))
+        raise
+    lease.release()

@@ -189,8 +189,10 @@ def holding_lease(
     *,
     build_id: Optional[str] = None,
     doing: str = "publishing",
+    remove_on_failure: bool = False,
 ) -> ContextManager[Lease]:
-    """The cache's build lease, held while this process writes the cache's objects."""
+    """The cache's build lease, held while this process writes the cache's objects
+    (``remove_on_failure``: see ``lease.holding``)."""
     return holding(
         objects,
         keys.lease_key(dataset_id, dataset_version),
@@ -200,6 +202,7 @@ def holding_lease(
         poll_seconds=times.poll_seconds,
         timeout=times.wait_timeout,
         doing=doing,
+        remove_on_failure=remove_on_failure,
     )
 
 
