@@ -270,3 +270,27 @@ def test_every_benchmark_section_names_its_command() -> None:
     assert len(sections) >= 13
     for body in sections:
         assert re.search(r"benchmarks/bench_\w+\.py|make bench", body), body.splitlines()[0]
+
+
+def test_the_azurite_recipe_runs(azure_server: Any, tmp_path: Path) -> None:
+    """docs/storage.md's "Trying Azure on this machine": the shell steps name what `make test`
+    installs, and the program runs as pasted against an Azurite server (its port and container
+    moved; the connection string from the environment, as the recipe exports it)."""
+    storage = (REPO / "docs" / "storage.md").read_text()
+    recipe = section("## Trying Azure on this machine", storage)
+    azurite = REPO / ".venv" / "azurite" / "node_modules" / ".bin" / "azurite-blob"
+    assert ".venv/azurite/node_modules/.bin/azurite-blob" in recipe and azurite.exists()
+    assert "make .venv/azurite/.installed" in recipe
+    exported = re.search(r'export AZURE_STORAGE_CONNECTION_STRING="([^"]+)"', recipe)
+    assert exported is not None and "BlobEndpoint=http://127.0.0.1:10000/devstoreaccount1" in exported.group(1)
+    (program,) = [block.code for block in python_blocks(REPO / "docs" / "storage.md")
+                  if block.heading == "Trying Azure on this machine"]
+    container = f"recipe-{uuid.uuid4().hex[:10]}"
+    lines = run(program, tmp_path, {"test-container": container}, timeout=300)
+    assert lines[-1] == "1000 records", lines
+    listed = subprocess.run(
+        [sys.executable, "-m", "yogacache", "ls", "--json", "--storage", f"az://{container}/caches"],
+        capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    assert listed.returncode == 0, listed.stderr
+    assert [(row["dataset_id"], row["records"]) for row in json.loads(listed.stdout)] == [("squares", 1000)]
