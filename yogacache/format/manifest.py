@@ -345,14 +345,17 @@ def _parts_from_json(parts: list[Any], where: str) -> tuple[PartInfo, ...]:
 
 def _all_match(pattern: re.Pattern[str], values: list[str]) -> bool:
     """Whether every one of ``values`` is a string that ``pattern`` (which matches no newline)
-    matches whole: one pass of the regular-expression engine over them all."""
-    if not values:
-        return True
-    try:
-        lines = "\n".join(values) + "\n"
-    except TypeError:  # not all strings
-        return False
-    return re.fullmatch(f"(?:(?:{pattern.pattern})\n)*", lines) is not None
+    matches whole: one pass of the regular-expression engine per 4,096 of them (joined by
+    newlines: a few hundred kilobytes at a time, whatever the manifest's size)."""
+    lines = re.compile(f"(?:{pattern.pattern})(?:\n(?:{pattern.pattern}))*")
+    for start in range(0, len(values), 4096):
+        try:
+            joined = "\n".join(values[start : start + 4096])
+        except TypeError:  # not all strings
+            return False
+        if lines.fullmatch(joined) is None:
+            return False
+    return True
 
 
 def _parts_plainly_valid(parts: tuple[PartInfo, ...], num_records: int) -> bool:
