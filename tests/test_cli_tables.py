@@ -99,3 +99,19 @@ def test_no_help_line_runs_past_80_columns(command: str) -> None:
     long = [line for line in result.stdout.splitlines() if len(line) > 80]
     assert not long, "\n".join(f"{len(line)}: {line}" for line in long)
     assert "example" in result.stdout or command in ("verify", "pull")
+
+
+def test_a_column_left_out_comes_back_where_the_room_made_fits_it() -> None:
+    """Optional columns go first named first until the line fits; one that then fits again in
+    the room a wider one left comes back, in its place."""
+    from yogacache.cli.tables import _fit
+
+    header = ["NAME", "IN USE", "WHERE", "STATE"]
+    rows = [["n" * 10, "yes", "w" * 20, "current"]]
+    # All: 10 + 6 + 20 + 7 + 6 = 49. Without IN USE: 41; without WHERE too: 19; IN USE back: 27.
+    fitted, cells = _fit(header, rows, 30, fold=(), path=None, dates=(), optional=("IN USE", "WHERE"))
+    assert fitted == ["NAME", "IN USE", "STATE"] and cells == [["n" * 10, "yes", "current"]]
+    fitted, _ = _fit(header, rows, 49, fold=(), path=None, dates=(), optional=("IN USE", "WHERE"))
+    assert fitted == header
+    fitted, _ = _fit(header, rows, 20, fold=(), path=None, dates=(), optional=("IN USE", "WHERE"))
+    assert fitted == ["NAME", "STATE"]

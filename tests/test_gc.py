@@ -57,6 +57,9 @@ def test_gc_evicts_by_policy_and_ls_shows_local_bytes_and_use(s3_server: Any, tm
     assert rows["stream"]["streamed_bytes"] == sum(p.stat().st_size for p in parts)
     table = run_cli("ls", "--storage", str(config))
     assert "LOCAL" in table.stdout and "IN USE" in table.stdout
+    # A cache whose parts were streamed to the node, with no whole copy: "streamed", not "none".
+    (stream_row,) = [line for line in table.stdout.splitlines() if line.startswith("stream ")]
+    assert stream_row.rstrip().endswith("streamed") and " none" not in stream_row, table.stdout
 
     dry = run_cli("gc", "--storage", str(config), "--dry-run", "--limit", "1")
     assert dry.returncode == 0, dry.stderr

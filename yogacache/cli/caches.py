@@ -77,7 +77,9 @@ def cmd_ls(store: Store, args: argparse.Namespace) -> int:
         if published:
             fields = _usage_fields(usage, entry)
             row += [format_bytes(fields["local_bytes"]), "yes" if fields["in_use"] else "no"]
-            row += [entry.where, entry.copy_state]
+            # No whole copy, but parts of it streamed to this node: say so, not "none".
+            state = "streamed" if entry.copy_state == "none" and fields["streamed_bytes"] else entry.copy_state
+            row += [entry.where, state]
         else:
             row += [str(entry.local_path) if entry.local_path else ""]
         rows.append(row)

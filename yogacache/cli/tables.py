@@ -116,6 +116,12 @@ def print_table(
         print(line.rstrip())
 
 
+def _without(header: list[str], rows: list[list[str]], names: Sequence[str]) -> tuple[list[str], list[list[str]]]:
+    """The table without the columns ``names``."""
+    keep = [i for i, name in enumerate(header) if name not in names]
+    return [header[i] for i in keep], [[r[i] for i in keep] for r in rows]
+
+
 def _fit(
     header: list[str],
     rows: list[list[str]],
@@ -141,10 +147,20 @@ def _fit(
     for i, name in enumerate(header):
         if name in dates and total(rows) > width:
             rows = with_column(rows, i, [r[i][:10] for r in rows])
+    full_header, full_rows = header, rows
+    left_out: list[str] = []
     for name in optional:
         if name in header and total(rows) > width:
-            i = header.index(name)
-            header, rows = header[:i] + header[i + 1 :], [r[:i] + r[i + 1 :] for r in rows]
+            left_out.append(name)
+            header, rows = _without(full_header, full_rows, left_out)
+    # A column left out to make room that the room made fits again comes back (the last one
+    # left out first: it was needed least), in its place.
+    for name in reversed(list(left_out)):
+        trial = [other for other in left_out if other != name]
+        trial_header, trial_rows = _without(full_header, full_rows, trial)
+        widths = [max(_cell_width(r[c]) for r in [trial_header, *trial_rows]) for c in range(len(trial_header))]
+        if sum(widths) + 2 * (len(widths) - 1) <= width:
+            left_out, header, rows = trial, trial_header, trial_rows
     paths = header.index(path) if path in header else None
     full_paths = [r[paths] for r in rows] if paths is not None else []
 
