@@ -237,5 +237,6 @@ def test_a_piped_build_that_counts_nothing_still_prints_a_line_every_interval(tm
         go.touch()
     rest = process.communicate(timeout=120)[1]
     assert process.returncode == 0, rest
-    assert all(line.startswith("yogacache: silent:v1: 0 records so far") for line in heard), heard
+    assert all(line.startswith("yogacache: silent:v1: 0 records written") for line in heard), heard
+    assert all("waiting for the source's first batch" in line for line in heard), heard
     assert "built silent:v1: 10 records" in rest

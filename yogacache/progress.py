@@ -264,7 +264,8 @@ class Progress:
         """Before anything was counted (a slow source filling its first batch)."""
         elapsed = format_duration(self.clock() - self.start)
         count = "0 records" if self.total is None else f"0 of {self.total:,} records"
-        return f"{count} so far, {elapsed} elapsed"
+        # Records are counted a batch at a time, as they are written: say what is awaited.
+        return f"{count} written, {elapsed} elapsed: waiting for the source's first batch of records"
 
     def _finish_line(self, records: int, size: int, short: bool = False) -> str:
         elapsed = max(self.clock() - self.start, 1e-9)
