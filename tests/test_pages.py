@@ -1,6 +1,7 @@
-"""Record offsets read from a part's LMDB pages (``yogacache.format.pages``) and the reads that
-gather whole records from a part's map with them: the same bytes as LMDB's own ``get`` for every
-record, and no table (LMDB reads instead) for any file that is not laid out as expected."""
+"""Records found in a part's LMDB pages by the shape of its B-tree (``yogacache.format.pages``)
+and the reads that gather whole records from a part's map with it: the same bytes as LMDB's own
+``get`` for every record, and no tree (LMDB reads instead) for any file that is not laid out as
+expected."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import lmdb
 import numpy as np
 import pytest
 
-from yogacache.format.pages import map_file, record_offsets
+from yogacache.format.pages import map_file, part_tree
 from yogacache.store.local import CacheStore
 
 
@@ -43,57 +44,75 @@ def lmdb_values(path: Path) -> dict[int, bytes]:
     return found
 
 
+def write_unordered(path: Path, values: list[bytes]) -> None:
+    """Records put in a shuffled key order: LMDB splits full pages in the middle."""
+    env = lmdb.open(str(path), subdir=False, map_size=1 << 30)
+    with env.begin(write=True) as txn:
+        for i in np.random.default_rng(0).permutation(len(values)).tolist():
+            txn.put(i.to_bytes(8, "big"), values[i])
+    env.close()
+
+
 @pytest.mark.parametrize(
-    ("count", "size", "first_key"),
+    ("count", "size", "first_key", "depth"),
     [
-        (50, 40, 0),  # inline values, one leaf page
-        (30_000, 60, 0),  # inline values, a tree of depth 3
-        (3_000, 3105, 0),  # values on overflow pages (the 32x32x3 images)
-        (2_000, 9000, 5_000),  # values spanning several overflow pages, keys from 5000
+        (50, 40, 0, 1),  # inline values, one leaf page
+        (30_000, 60, 0, 3),  # inline values, a tree of depth 3
+        (3_000, 3105, 0, 2),  # values on overflow pages (the 32x32x3 images)
+        (2_000, 9000, 5_000, 2),  # values spanning several overflow pages, keys from 5000
     ],
 )
-def test_offsets_give_the_bytes_lmdb_gives_for_every_record(
-    tmp_path: Path, count: int, size: int, first_key: int
+def test_the_tree_gives_the_bytes_lmdb_gives_for_every_record(
+    tmp_path: Path, count: int, size: int, first_key: int, depth: int
 ) -> None:
     rng = np.random.default_rng(count)
     values = [rng.integers(0, 256, size, dtype=np.uint8).tobytes() for _ in range(count)]
     path = tmp_path / "part.mdb"
     write_lmdb(path, first_key, values)
     data = mapped(path)
-    found = record_offsets(data, size, count)
-    assert found is not None
-    assert found.first_key == first_key and len(found.offsets) == count
+    tree = part_tree(data, size, count)
+    assert tree is not None
+    assert tree.first_key == first_key and tree.entries == count and len(tree.fanouts) == depth - 1
     expected = lmdb_values(path)
-    rows = found.windows(size)[found.offsets]
-    assert [rows[i].tobytes() for i in range(count)] == [expected[first_key + i] for i in range(count)]
+    want = [expected[first_key + i] for i in range(count)]
+    rows = tree.take(np.arange(count))  # in order: the branch levels walked once per leaf
+    assert rows is not None and [row.tobytes() for row in rows] == want
+    shuffled = rng.permutation(count)
+    rows = tree.take(shuffled)
+    assert rows is not None and [row.tobytes() for row in rows] == [want[i] for i in shuffled]
+    assert tree.take(np.array([count])) is None and tree.take(np.array([-1])) is None
 
 
-def test_a_part_that_does_not_match_the_expectation_gives_no_offsets(tmp_path: Path) -> None:
+def test_a_part_that_does_not_match_the_expectation_gives_no_tree(tmp_path: Path) -> None:
     path = tmp_path / "part.mdb"
     write_lmdb(path, 0, [bytes([i % 256]) * 100 for i in range(500)])
     data = mapped(path)
-    assert record_offsets(data, 100, 500) is not None
-    assert record_offsets(data, 99, 500) is None  # another value size
-    assert record_offsets(data, 100, 501) is None  # another record count
-    assert record_offsets(data[: len(data) // 2], 100, 500) is None  # truncated
+    assert part_tree(data, 100, 500) is not None
+    assert part_tree(data, 99, 500) is None  # another value size
+    assert part_tree(data, 100, 501) is None  # another record count
+    assert part_tree(data[: len(data) // 2], 100, 500) is None  # truncated
     other = tmp_path / "gaps.mdb"
     env = lmdb.open(str(other), subdir=False, map_size=1 << 24)
     with env.begin(write=True) as txn:
         for key in (0, 1, 3):  # a key missing
             txn.put(key.to_bytes(8, "big"), b"x" * 100)
     env.close()
-    assert record_offsets(mapped(other), 100, 3) is None
+    assert part_tree(mapped(other), 100, 3) is None
     wide = tmp_path / "wide.mdb"
     env = lmdb.open(str(wide), subdir=False, map_size=1 << 24)
     with env.begin(write=True) as txn:
         txn.put(b"0123456789", b"x" * 100)  # not an 8-byte key
     env.close()
-    assert record_offsets(mapped(wide), 100, 1) is None
+    assert part_tree(mapped(wide), 100, 1) is None
+    unordered = tmp_path / "unordered.mdb"
+    write_unordered(unordered, [bytes([i % 256]) * 60 for i in range(30_000)])
+    assert part_tree(mapped(unordered), 60, 30_000) is None  # pages split in the middle
 
 
-def test_damaged_pages_give_no_offsets_or_offsets_inside_the_file_never_an_error(tmp_path: Path) -> None:
-    """Bytes flipped anywhere in the B-tree's pages: the parse never raises and never points
-    outside the file (a part is verified before it is read; this is about never crashing)."""
+def test_damaged_pages_give_no_tree_or_reads_inside_the_file_never_an_error(tmp_path: Path) -> None:
+    """Bytes flipped anywhere in the B-tree's pages: finding the tree and reading through it
+    never raise and never point outside the file (a part is verified before it is read; this
+    is about never crashing)."""
     path = tmp_path / "part.mdb"
     write_lmdb(path, 0, [bytes([i % 256]) * 3105 for i in range(300)])
     original = np.array(mapped(path))
@@ -105,10 +124,14 @@ def test_damaged_pages_give_no_offsets_or_offsets_inside_the_file_never_an_error
         damaged = original.copy()
         where = int(rng.choice(tree_pages)) * page + int(rng.integers(0, 64 if rng.random() < 0.7 else page))
         damaged[where] ^= np.uint8(1 << int(rng.integers(0, 8)))
-        found = record_offsets(damaged, 3105, 300)
-        outcomes.add(found is None)
-        if found is not None:
-            assert found.offsets.min() >= 0 and found.offsets.max() + 3105 <= len(damaged)
+        tree = part_tree(damaged, 3105, 300)
+        outcomes.add(tree is None)
+        if tree is not None:
+            found = tree.value_offsets(np.arange(300))
+            assert found is None or (found.min() >= 0 and found.max() + 3105 <= len(damaged))
+            for row in rng.integers(0, 300, 20).tolist():
+                found = tree.value_offsets(np.array([row]))
+                assert found is None or 0 <= found[0] <= len(damaged) - 3105
     assert outcomes == {True, False}  # some flips break the layout, some touch unused bytes
 
 
@@ -127,8 +150,8 @@ def test_gathered_reads_equal_lmdb_reads(tmp_path: Path, part_size: int) -> None
     layout = reader.codec.layout
     assert layout is not None and layout.by_table
     indices = np.random.default_rng(1).permutation(5000)[:3000]
-    table = reader._gather(indices, layout, wait=True)
-    assert table is not None  # every part's offsets were built
+    table = reader._gather(indices, layout)
+    assert table is not None  # every part's tree was found
     through_lmdb = reader._read(indices, reader.codec.decode_columns)
     gathered = reader.read_columns(indices)
     for got, want in zip(gathered, through_lmdb):
@@ -147,14 +170,16 @@ def test_a_forked_child_gathers_from_its_own_environment(tmp_path: Path) -> None
     reader = store.open("ds", "v1")
     layout = reader.codec.layout
     assert layout is not None
-    assert reader._gather([0], layout, wait=True) is not None
+    assert reader._gather(np.arange(64), layout) is not None
+    parent = reader._held[0]
     read, write = os.pipe()
     pid = os.fork()
-    if pid == 0:  # the child: same values, through the table it builds for itself
+    if pid == 0:  # the child: same values, through the map and tree it finds for itself
         try:
             os.close(read)
-            table = reader._gather(np.arange(1999, -1, -1), layout, wait=True)
+            table = reader._gather(np.arange(1999, -1, -1), layout)
             ok = table is not None and list(layout.decode_table(table)[1]) == list(range(1999, -1, -1))
+            ok = ok and reader._held[0] is not parent and reader._held[0].pid == os.getpid()
             os.write(write, b"1" if ok else b"0")
         finally:
             os._exit(0)

@@ -33,7 +33,7 @@ from yogacache import launcher
 from yogacache.format.spec import STRING, Spec, TensorSpec, flatten, spec_leaves, structure_builder, unflatten
 from yogacache.read.epochs import EpochReader
 from yogacache.read.options import ReadOptions, stream_arguments, stream_signature
-from yogacache.read.pipeline import CacheSource, open_reader, record_position
+from yogacache.read.pipeline import CacheSource, open_reader, record_position, record_positions
 from yogacache.read.reader import CacheReader
 from yogacache.read.schedule import ReadSchedule
 
@@ -98,6 +98,16 @@ class CacheDataset(Dataset):  # type: ignore[type-arg]
         self.reader = open_reader(source)
         self.output = _check_output(output)
         self._leaves = spec_leaves(self.reader.spec)
+        self._build = structure_builder(self.reader.spec)
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        del state["_build"]  # a closure: rebuilt on arrival (a spawned DataLoader worker)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._build = structure_builder(self.reader.spec)
 
     def __len__(self) -> int:
         return len(self.reader)
@@ -106,11 +116,19 @@ class CacheDataset(Dataset):  # type: ignore[type-arg]
         return record_position(index, len(self.reader))
 
     def __getitem__(self, index: int) -> Any:
-        return self.__getitems__([index])[0]
+        """Record ``index``, as ``__getitems__([index])[0]`` gives it, read on its own: one
+        B-tree search and one decode (a reader without ``read_leaves`` reads a batch of one)."""
+        read_leaves = getattr(self.reader, "read_leaves", None)
+        if read_leaves is None:
+            return self.__getitems__([index])[0]
+        leaves = read_leaves(self._index(index))
+        if self.output == "torch":
+            leaves = [_to_torch(value, leaf) for value, leaf in zip(leaves, self._leaves)]
+        return self._build(leaves)
 
     def __getitems__(self, indices: Sequence[int]) -> list[Any]:
         """The records at ``indices``, read in one pass (DataLoader calls this per batch)."""
-        positions = np.array([self._index(i) for i in indices], dtype=np.int64)
+        positions = record_positions(indices, len(self.reader))
         reader, spec = self.reader, self.reader.spec
         if reader.codec.stackable and len(positions):
             columns = _columns_out(reader.read_columns(positions), self._leaves, self.output)

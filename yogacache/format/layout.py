@@ -179,6 +179,27 @@ class FixedLayout:
             ) from None
         return self.decode_table(staging[: count * size].reshape(count, size))
 
+    def decode_record(self, value: Any) -> list[Any]:
+        """One record's leaves (bytes or a buffer), as row 0 of ``decode`` gives them: numpy
+        scalars for scalar leaves, writable arrays of their own for the others; every header
+        byte checked. A few Python operations, for single-record reads."""
+        if len(value) != self.record_size:
+            raise CorruptCacheError(
+                f"a record is not {self.record_size} bytes long, as the manifest's element spec says"
+            )
+        for part, header in zip(self.header_slices, self._header_runs):
+            if value[part] != header:
+                raise CorruptCacheError("a record does not match the manifest's element spec")
+        leaves: list[Any] = []
+        for offset, size, dtype, shape in self.fields:
+            leaf = np.frombuffer(value, dtype=dtype, count=size // dtype.itemsize, offset=offset)
+            leaves.append(leaf.reshape(shape).copy() if shape else leaf[0])
+        return leaves
+
+    @functools.cached_property
+    def _header_runs(self) -> list[bytes]:
+        return [value.tobytes() for value in self.header_values]
+
     def decode_table(self, table: np.ndarray[Any, Any]) -> list[np.ndarray[Any, Any]]:
         """The columns of a table of whole records (``count x record_size`` bytes), every header
         byte checked."""

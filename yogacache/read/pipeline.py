@@ -92,6 +92,20 @@ def record_position(index: Any, records: int, what: str = "a dataset") -> int:
     return i
 
 
+def record_positions(indices: Any, records: int, what: str = "a dataset") -> np.ndarray:
+    """``record_position`` of each of ``indices`` (a sequence or array), as int64: one numpy
+    pass for integers (a batch a sampler gives), one call each for anything else."""
+    array = np.asarray(indices)
+    if array.ndim == 1 and array.dtype.kind == "i":
+        positions = array.astype(np.int64)
+        positions[positions < 0] += records
+        outside = (positions < 0) | (positions >= records)
+        if outside.any():
+            record_position(array[int(np.argmax(outside))], records, what)  # raises, naming it
+        return positions
+    return np.fromiter((record_position(i, records, what) for i in indices), dtype=np.int64, count=len(indices))
+
+
 class Stream:
     """An iterable of elements; each new iteration is the next epoch. ``len()`` is the shard length.
 

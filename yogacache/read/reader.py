@@ -17,10 +17,12 @@ opened, or a file of the same build that passes verification.
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import dataclasses
 import errno
 import functools
+import operator
 import os
 import threading
 import weakref
@@ -37,7 +39,7 @@ from yogacache.format.codec import RecordCodec
 from yogacache.format.integrity import VERIFY_MODES, Verify, verify_parts
 from yogacache.format.layout import FixedLayout
 from yogacache.format.manifest import Manifest, PartInfo
-from yogacache.format.pages import RecordOffsets, map_file, record_offsets
+from yogacache.format.pages import PartTree, map_file, part_tree
 from yogacache.format.spec import unflatten
 
 log = redaction.get_logger(__name__)
@@ -45,6 +47,9 @@ T = TypeVar("T")
 _PROC_FDS = Path("/proc/self/fd")
 # Records this large span several pages: reading ahead beats faulting page by page.
 LARGE_RECORD_BYTES = 32 << 10
+# Reads of at least this many fixed-layout records are gathered from the parts' maps with numpy
+# (a fixed cost of a few dozen numpy calls); smaller ones cost less as LMDB gets.
+GATHER_RECORDS = 32
 _TOO_MANY_FILES = (errno.EMFILE, errno.ENFILE)
 
 
@@ -94,56 +99,55 @@ def _physical_memory() -> int:
 class _PartEnvironment:
     """One part's read-only LMDB environment, and the process that opened it.
 
-    Also the part file mapped read-only (``data``) and, once built, where each record lies in it
-    (``format.pages``): reads of small fixed-layout records gather their rows from the map with
-    numpy instead of one LMDB ``get`` each. The table is built in a background thread from the
-    second request on (tens of ms per 100,000 records, which the first read should neither wait
-    for nor share the cores and the interpreter lock with: that read is a first element); until
-    it is there, or if the part is not laid out as expected, reads go through LMDB.
+    Reads go through a read-only transaction per thread, begun on the first read and reused
+    by every later one (a sealed file never changes, so a transaction never goes stale):
+    single records cost one B-tree search in LMDB, no transaction each. The part file is also
+    mapped read-only (``data``): batches of fixed-layout records are gathered from the map with
+    numpy (``format.pages.PartTree``: the B-tree's shape, a few numbers, read on the first
+    batch), not one LMDB ``get`` each. Nothing is kept per record: a process's memory does not
+    grow with the part's record count. If the part is not laid out as expected, reads go
+    through LMDB.
     """
 
-    __slots__ = ("env", "pid", "data", "_offsets", "_building", "_asked", "_lock", "__weakref__")
+    __slots__ = ("env", "pid", "data", "_tree", "_lock", "_local", "__weakref__")
 
     def __init__(self, env: Any, pid: int, data: Optional[np.ndarray] = None) -> None:
         self.env = env
         self.pid = pid
         self.data = data
-        self._offsets: Optional[RecordOffsets] = None
-        self._building: Optional[threading.Thread] = None
-        self._asked = False
+        self._tree: Optional[PartTree] = None
         self._lock = threading.Lock()
+        self._local = threading.local()
 
-    def offsets(self, record_size: int, entries: int, *, wait: bool = False) -> Optional[RecordOffsets]:
-        """The part's record offsets if built (``wait``: build them now if need be); None
-        until then, and for good if the part cannot be read that way. The first request
-        (unless ``wait``) only notes that the part is read."""
-        found = self._offsets
+    def reading(self) -> Any:
+        """This thread's read-only transaction of the part (buffers valid while it lives)."""
+        txn = getattr(self._local, "txn", None)
+        if txn is None:
+            txn = self._local.txn = self.env.begin(buffers=True)
+        return txn
+
+    def tree(self, record_size: int, entries: int) -> Optional[PartTree]:
+        """The part's B-tree shape for records of ``record_size`` bytes, read on first use;
+        None for good if the part cannot be read that way (the map is then released)."""
+        found = self._tree
         if found is not None and found.record_size == record_size:
             return found
-        if self.data is None:
-            return None
         with self._lock:
-            if not (self._asked or wait):
-                self._asked = True
+            data = self.data
+            if data is None:
                 return None
-            thread = self._building
-            if thread is None:
-                thread = threading.Thread(
-                    target=self._build, args=(record_size, entries), name="yogacache-offsets", daemon=True
-                )
-                self._building = thread
-                thread.start()
-        if wait:
-            thread.join()
-            return self._offsets
-        return None
+            found = part_tree(data, record_size, entries)
+            if found is None:
+                self.data = None  # not laid out as expected: LMDB reads it, the map is released
+            self._tree = found
+        return found
 
-    def _build(self, record_size: int, entries: int) -> None:
-        data = self.data
-        found = record_offsets(data, record_size, entries) if data is not None else None
-        if found is None:
-            self.data = None  # not laid out as expected: LMDB reads it, the map is released
-        self._offsets = found
+    def not_gathered(self) -> None:
+        """A gather found a record elsewhere than the tree's shape puts it: LMDB reads the part
+        from now on (its map is released)."""
+        with self._lock:
+            self.data = None
+            self._tree = None
 
 
 # LMDB refuses to open one file twice in a process, and an environment must never cross
@@ -324,14 +328,6 @@ def _environment(key: tuple[int, int], descriptor: Callable[[], int], readahead:
         return entry
 
 
-def _take_rows(table: RecordOffsets, rows: np.ndarray, size: int) -> Optional[np.ndarray]:
-    """Whole records ``rows`` (numbered from the part's first key) of one part, gathered from
-    its map; None if a row is not in the part (the caller reads through LMDB, which reports it)."""
-    if rows.min() < 0 or rows.max() >= len(table.offsets):
-        return None
-    return table.windows(size)[table.offsets[rows]]
-
-
 def _only(manifest: Manifest, part: PartInfo) -> Manifest:
     """``manifest`` narrowed to one part, to verify that part alone."""
     return dataclasses.replace(manifest, parts=(part,))
@@ -363,10 +359,11 @@ class CacheReader:
         self._readahead = self.manifest.average_record_bytes >= LARGE_RECORD_BYTES or (
             self.manifest.total_size_bytes < _physical_memory() // 2
         )
-        self._starts = np.array([p.first_record for p in self.manifest.parts], dtype=np.int64)
+        self._firsts = [p.first_record for p in self.manifest.parts]
+        self._starts = np.array(self._firsts, dtype=np.int64)
         # Record index - key, per part: 0 except in parallel builds whose shards key from 0.
-        shifts = [p.key_shift for p in self.manifest.parts]
-        self._key_shifts = np.array(shifts, dtype=np.int64) if any(shifts) else None
+        self._shifts = [p.key_shift for p in self.manifest.parts]
+        self._key_shifts = np.array(self._shifts, dtype=np.int64) if any(self._shifts) else None
         # The process that opened the parts and its descriptor number of each, as last sent
         # to another process (see __getstate__).
         self._opener: tuple[int, dict[str, int]] = (os.getpid(), {})
@@ -552,7 +549,7 @@ class CacheReader:
         held = self._environments()
         if not held:
             return consume([])
-        reads = [(held[part].env, keys, positions) for part, keys, positions in self._by_part(indices)]
+        reads = [(held[part], keys, positions) for part, keys, positions in self._by_part(indices)]
         return self._read_parts(reads, len(indices), consume)
 
     def _by_part(
@@ -579,33 +576,59 @@ class CacheReader:
 
     def _read_parts(
         self,
-        reads: list[tuple[Any, np.ndarray, Optional[np.ndarray]]],
+        reads: list[tuple[_PartEnvironment, np.ndarray, Optional[np.ndarray]]],
         count: int,
         consume: Callable[[list[Any]], T],
     ) -> T:
-        """Gathers buffers from one read transaction per part (all open at once, so no record
-        is copied) and hands them to ``consume`` in the order of the request."""
+        """Gathers buffers from each part's read transaction of this thread (no record is
+        copied) and hands them to ``consume`` in the order of the request."""
         try:
-            with contextlib.ExitStack() as stack:
-                values: list[Any] = [None] * count if reads[0][2] is not None else []
-                for env, indices, positions in reads:
-                    get = stack.enter_context(env.begin(buffers=True)).get
-                    keys = indices.astype(">u8").view("V8").tolist()  # 8-byte big-endian keys
-                    if positions is None:
-                        values = [get(key) for key in keys]
-                    else:
-                        for position, key in zip(positions.tolist(), keys):
-                            values[position] = get(key)
-                if None in values:
-                    raise CorruptCacheError(f"cache {self.directory} is missing records its manifest lists")
-                # Buffers point into the maps and die with the transactions: consume them here.
-                return consume(values)
+            values: list[Any] = [None] * count if reads[0][2] is not None else []
+            for entry, indices, positions in reads:
+                get = entry.reading().get
+                keys = indices.astype(">u8").view("V8").tolist()  # 8-byte big-endian keys
+                if positions is None:
+                    values = [get(key) for key in keys]
+                else:
+                    for position, key in zip(positions.tolist(), keys):
+                        values[position] = get(key)
+            if None in values:
+                raise CorruptCacheError(f"cache {self.directory} is missing records its manifest lists")
+            # Buffers point into the maps, which the parts' environments (held by the caller's
+            # list of them) keep: consume them here.
+            return consume(values)
         except lmdb.Error as error:
             raise CorruptCacheError(f"reading {self.directory} failed: {error}") from error
 
     def __getitem__(self, index: int) -> Any:
-        (value,) = self.read_values([index])
-        return unflatten(self.codec.decode(value), self.spec)
+        return unflatten(self.read_leaves(index), self.spec)
+
+    def read_leaves(self, index: int) -> list[Any]:
+        """The flat leaves of record ``index``, as row 0 of ``read_columns([index])`` gives them
+        for fixed-shape specs (numpy scalars, arrays of their own), as ``codec.decode`` does for
+        the others: one B-tree search in this thread's transaction of the part, one decode."""
+        layout = self.codec.layout
+        if not self.codec.stackable:
+            decode: Callable[[Any], list[Any]] = self.codec.decode
+        elif layout is not None:
+            decode = layout.decode_record
+        else:
+            return [column[0] for column in self.read_columns([index])]
+        index = operator.index(index)
+        if not 0 <= index < self.manifest.num_records:
+            raise IndexError(f"record index out of range [0, {self.manifest.num_records})")
+        if self._provider is not None:
+            return self._read_lazily(np.array([index], dtype=np.int64), lambda values: decode(values[0]))
+        held = self._environments()
+        part = bisect.bisect_right(self._firsts, index) - 1
+        entry = held[part]  # held while its buffer is read
+        try:
+            value = entry.reading().get((index - self._shifts[part]).to_bytes(8, "big"))
+        except lmdb.Error as error:
+            raise CorruptCacheError(f"reading {self.directory} failed: {error}") from error
+        if value is None:
+            raise CorruptCacheError(f"cache {self.directory} is missing records its manifest lists")
+        return decode(value if layout is not None else bytes(value))
 
     def read_elements(self, indices: Sequence[int] | np.ndarray) -> list[Any]:
         """Decoded nested elements at ``indices``."""
@@ -616,30 +639,32 @@ class CacheReader:
     def read_columns(self, indices: Sequence[int] | np.ndarray) -> list[np.ndarray]:
         """One stacked array per leaf for the records at ``indices`` (fixed-shape specs only)."""
         layout = self.codec.layout
-        if layout is not None and layout.by_table:
+        if layout is not None and layout.by_table and len(indices) >= GATHER_RECORDS:
             table = self._gather(indices, layout)
             if table is not None:
                 return layout.decode_table(table)
         return self._read(indices, self.codec.decode_columns)
 
-    def _gather(
-        self, indices: Sequence[int] | np.ndarray, layout: FixedLayout, *, wait: bool = False
-    ) -> Optional[np.ndarray]:
+    def _gather(self, indices: Sequence[int] | np.ndarray, layout: FixedLayout) -> Optional[np.ndarray]:
         """The records at ``indices`` as one table of whole records, gathered from the parts'
-        maps (``_PartEnvironment.offsets``); None where that path does not apply (yet): then
-        ``_read`` reads them through LMDB. ``wait``: build the parts' offsets first."""
+        maps (``_PartEnvironment.tree``); None where that path does not apply: then ``_read``
+        reads them through LMDB."""
         if self._provider is not None or self._closed:
             return None
         indices = np.asarray(indices, dtype=np.int64)
         if not len(indices) or indices.min() < 0 or indices.max() >= self.manifest.num_records:
             return None  # nothing to gather, or _read reports the bad index
-        self._environments()  # reopens after fork()
+        held = self._environments()  # reopens after fork(); held while the read runs
         size = layout.record_size
         out: Optional[np.ndarray] = None
         for part, keys, positions in self._by_part(indices):  # only the parts this read touches
-            found = self._held[part].offsets(size, self.manifest.parts[part].num_records, wait=wait)
-            taken = None if found is None else _take_rows(found, keys - found.first_key, size)
+            entry = held[part]
+            tree = entry.tree(size, self.manifest.parts[part].num_records)
+            if tree is None:
+                return None
+            taken = tree.take(keys - tree.first_key)
             if taken is None:
+                entry.not_gathered()
                 return None
             if positions is None:
                 return taken
