@@ -160,6 +160,13 @@ def warn_random_streaming(reader: CacheReader, schedule: ReadSchedule, sizes: Re
         log.warning("%s", warning)
 
 
+def refetch_announced(directory: Any) -> bool:
+    """Whether this process already warned that the streamed cache in ``directory`` is read in
+    an order that fetches parts again each epoch (``warn_random_streaming``): the provider
+    then does not warn about the same refetches a second time (one warning per cause)."""
+    return any(key[0] == str(directory) for key in _WARNED_RANDOM_STREAMS)
+
+
 def schedule_of(reader: Any, options: ReadOptions) -> ReadSchedule:
     """The read order of one rank of ``reader``'s records as ``options`` say, fitted to the
     node's byte budget where they are streamed: a reader that orders its records itself says it

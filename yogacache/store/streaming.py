@@ -58,6 +58,7 @@ from yogacache.errors import CacheReplacedError, ConfigError, CorruptCacheError,
 from yogacache.format.durability import fsync_path
 from yogacache.format.integrity import file_identity, part_file_verified, write_stamp
 from yogacache.format.manifest import MAX_MANIFEST_BYTES, Manifest
+from yogacache.read.epochs import refetch_announced
 from yogacache.read.reader import CacheReader
 from yogacache.safefs import make_directories
 from yogacache.sizes import format_size
@@ -468,6 +469,8 @@ class StreamingParts:
             if self._warned or not parts or fetched <= parts + 1:
                 return
             self._warned = True
+        if refetch_announced(self.directory):
+            return  # the cost was said up front, with the mode's own advice
         manifest, limit = self.manifest, self.limit
         budget_text = "no local_cache_limit" if limit is None else f"local_cache_limit {format_size(limit)}"
         log.warning(
