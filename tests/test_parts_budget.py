@@ -184,6 +184,7 @@ def test_a_tight_budget_narrows_the_window_says_so_once_and_every_epoch_ends(
     assert fetched[0] <= parts + 1 and all(count <= parts - budget_parts + 1 for count in fetched[1:]), fetched
     said = [r.getMessage() for r in caplog.records if "reads with parts_window=1, not 4" in r.getMessage()]
     assert len(said) == 1 and "raise local_cache_limit" in said[0].lower(), said
+    assert len(said[0]) <= 200, f"{len(said[0])} characters: {said[0]}"  # one line's worth, not 355
     assert not [r for r in caplog.records if "fetched" in r.getMessage() and "in an epoch" in r.getMessage()]
 
 

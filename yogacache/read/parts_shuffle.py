@@ -477,11 +477,9 @@ class PartsMode(ShuffleMode):
         largest = int(self.parts.sizes.max())
         return (
             f"shuffle_mode='parts' reads with parts_window={fitted}, not {asked}: local_cache_limit "
-            f"{_size(budget_bytes)} holds {budget_bytes // largest} of this cache's parts (up to "
-            f"{_size(largest)} each), and parts_window={asked} needs {2 * asked + 1} (the {asked} parts "
-            f"mixed at a time, the next one, and the {asked} the next epoch starts with). Raise "
-            f"local_cache_limit to at least {_size((2 * asked + 1) * largest)} to mix {asked} parts, "
-            "or set parts_window lower to keep this message away"
+            f"{_size(budget_bytes)} holds {budget_bytes // largest} of this cache's parts, {asked} need "
+            f"{2 * asked + 1} (docs/shuffle.md); raise local_cache_limit to {_size((2 * asked + 1) * largest)} "
+            "or lower parts_window"
         )
 
     def __getstate__(self) -> dict[str, Any]:
