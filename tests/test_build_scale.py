@@ -129,7 +129,7 @@ def test_forked_workers_over_a_large_list_are_sent_ranges_and_write_the_records_
     data = NeverPickledList(make_records(N))
     one = CacheStore(tmp_path / "one", show_progress=False)
     one.build("ds", "v1", data)  # a plain one-process build: no build shards
-    build = sharded(data, 2, in_process_below=0)
+    build = sharded(data, 2, in_process_below=0, start_method="fork")  # the default here (see below)
     two = CacheStore(tmp_path / "two", show_progress=False)
     manifest = two.build("ds", "v1", build)
     sent = build.sent
@@ -149,7 +149,7 @@ def test_a_map_style_dataset_holding_a_table_of_every_sample_is_not_sent_per_job
     tmp_path: Path, counted: Any
 ) -> None:
     table = Table(N)
-    build = sharded(table, 2, in_process_below=0)
+    build = sharded(table, 2, in_process_below=0, start_method="fork")
     manifest = CacheStore(tmp_path / "two", show_progress=False).build("ds", "v1", build)
     assert build.sent.data == "inherited" and max(build.sent.per_job) < SMALL_JOB
     assert counted.count == 0
@@ -167,7 +167,9 @@ def test_spawned_workers_make_the_dataset_again_from_the_function_that_made_it(t
     sent = build.sent
     assert (sent.start_method, sent.data) == ("spawn", "remade")
     assert sent.per_worker < SMALL_JOB and max(sent.per_job) < SMALL_JOB
-    forked = CacheStore(tmp_path / "fork", show_progress=False).build("ds", "v1", sharded(data, 2, in_process_below=0))
+    forked = CacheStore(tmp_path / "fork", show_progress=False).build(
+        "ds", "v1", sharded(data, 2, in_process_below=0, start_method="fork")
+    )
     assert shape(forked) == shape(manifest)
     same_records(records(CacheStore(tmp_path / "spawn")), data)
     # parallel_maker passes the call: a function returning the dataset is made again, not sent
@@ -185,19 +187,22 @@ def test_spawned_workers_without_a_function_get_one_copy_each_not_one_per_job(tm
     assert whole * 0.9 < sent.per_worker < whole * 1.1  # one copy for each worker
     assert max(sent.per_job) < SMALL_JOB
     assert counted.count == 1  # pickled once in all: the pool sends those bytes to each worker
-    forked = CacheStore(tmp_path / "fork", show_progress=False).build("ds", "v1", sharded(data, 2, in_process_below=0))
+    forked = CacheStore(tmp_path / "fork", show_progress=False).build(
+        "ds", "v1", sharded(data, 2, in_process_below=0, start_method="fork")
+    )
     assert shape(forked) == shape(manifest)
 
 
 def test_a_build_the_planner_keeps_in_this_process_pickles_nothing(tmp_path: Path, counted: Any) -> None:
     data = NeverPickledList(make_records(N))
-    build = sharded(data, 2, start_method="spawn")  # what spawned workers would be sent is not pickled either
-    assert build.plan_workers()[0] == 1  # small records: less work than starting workers
+    # in_process_below: as if starting workers cost an hour (the planner's own estimate is timed)
+    build = sharded(data, 2, start_method="spawn", in_process_below=3600)  # what spawned workers would get
+    assert build.plan_workers()[0] == 1
     manifest = CacheStore(tmp_path / "small", show_progress=False).build("ds", "v1", build)
     assert build.sent.start_method is None and build.sent.per_job == ()
     assert counted.count == 0
     table = Table(5000)
-    CacheStore(tmp_path / "table", show_progress=False).build("ds", "v1", sharded(table, 2))
+    CacheStore(tmp_path / "table", show_progress=False).build("ds", "v1", sharded(table, 2, in_process_below=3600))
     assert counted.count == 0
     assert shape(CacheStore(tmp_path / "one", show_progress=False).build("ds", "v1", sharded(data, 1))) == shape(
         manifest
@@ -218,6 +223,8 @@ def test_a_function_that_makes_other_records_in_a_worker_fails_naming_the_shard(
 
 
 def test_the_start_method_follows_the_build_shards_and_what_is_imported(monkeypatch: Any) -> None:
+    for module in ("tensorflow", "jax"):  # as in a process that never imported them
+        monkeypatch.delitem(sys.modules, module, raising=False)
     data = make_records(3000)
     assert sharded(data, 2).choose_start_method()[0] == "fork"
     shards = [CallShard(make_records, (10,)), CallShard(make_records, (20,))]
@@ -235,7 +242,7 @@ def test_a_dataset_that_does_not_pickle_builds_with_forked_workers_and_is_refuse
 ) -> None:
     data = LockedTable(3000)
     store = CacheStore(tmp_path, show_progress=False)
-    store.build("ds", "v1", sharded(data, 2, in_process_below=0))
+    store.build("ds", "v1", sharded(data, 2, in_process_below=0, start_method="fork"))
     same_records(records(store), [data[i] for i in range(3000)])
     with pytest.raises(
         BuildError,
