@@ -131,6 +131,6 @@ def test_a_compression_is_one_table_entry(monkeypatch: pytest.MonkeyPatch, tmp_p
 
 def test_a_missing_bucket_is_an_error_naming_the_object(s3_server: S3Server) -> None:
     source = from_url("s3://no-such-bucket-here/x.tar", endpoint_url=s3_server.endpoint_url)
-    missing = r"cannot read source object s3://no-such-bucket-here/x\.tar/: .*NoSuchBucket"
+    missing = r"cannot read source s3://no-such-bucket-here/x\.tar: bucket 'no-such-bucket-here' does not exist at http"
     with pytest.raises(SourceError, match=missing):
         source.objects()

@@ -28,6 +28,7 @@ from yogacache.backends.base import (
     DEFAULT_TRANSFER_THREADS,
     LIST_PAGE,
     CopyableObjectStore,
+    MissingBucketError,
     ObjectChangedError,
     ObjectChecksum,
     ObjectInfo,
@@ -243,7 +244,15 @@ class AzureObjectStore(CopyableObjectStore, PinnedObjectStore):
         return self._container.get_blob_client(join_key(self.prefix, key))
 
     def _run(self, what: str, key: str, call: Any) -> Any:
-        return self.retry.run(f"{what} {self.url(key)}", call, _is_transient, self._describe)
+        def checked() -> Any:
+            try:
+                return call()
+            except azexc.ResourceNotFoundError as error:
+                if _container_missing(error):
+                    raise self._missing_container() from None
+                raise
+
+        return self.retry.run(f"{what} {self.url(key)}", checked, _is_transient, self._describe)
 
     def _describe(self, error: BaseException) -> str:
         """What went wrong, naming the endpoint and what to set where that is the cure (no secrets:
@@ -258,8 +267,8 @@ class AzureObjectStore(CopyableObjectStore, PinnedObjectStore):
             return f"HTTP {status}{' ' + code if code else ''} from {where}"
         return f"{type(error).__name__} from {where}"
 
-    def _missing_container(self) -> RemoteError:
-        return RemoteError(f"container {self.container!r} does not exist at {self.endpoint}")
+    def _missing_container(self) -> MissingBucketError:
+        return MissingBucketError(f"container {self.container!r} does not exist at {self.endpoint}")
 
     # -- small objects ----------------------------------------------------------------------
     def read(self, key: str, max_bytes: Optional[int] = None) -> Optional[tuple[bytes, str]]:

@@ -52,6 +52,11 @@ class RemoteError(YogaCacheError):
         self.reason = reason if reason is not None else message
 
 
+class MissingBucketError(RemoteError):
+    """The bucket (an Azure container) does not exist: whatever the request (a LIST, a GET, a
+    lease's PUT), one message naming the bucket and the endpoint, never retried."""
+
+
 class ObjectChangedError(RemoteError):
     """A read pinned to one version of an object (``ObjectPin``) found another version (it was
     overwritten: S3 412 on ``IfMatch``, GCS 412 on ``ifGenerationMatch``) or none (it, or the pinned

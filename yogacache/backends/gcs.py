@@ -140,7 +140,20 @@ class GCSObjectStore(base.CopyableObjectStore, base.PinnedObjectStore):
         return self._bucket.blob(join_key(self.prefix, key), chunk_size=_CHUNK if chunked else None)
 
     def _run(self, what: str, key: str, call: Any) -> Any:
-        return self.retry.run(f"{what} {self.url(key)}", call, _is_transient, self._describe)
+        def checked() -> Any:
+            try:
+                return call()
+            except gexc.NotFound as error:
+                # A LIST finds nothing under a prefix, never a 404: its 404 is the bucket's
+                # (fake-gcs-server says so in other words than GCS).
+                if what == "LIST" or _bucket_missing(error):
+                    raise self._missing_bucket() from None
+                raise
+
+        return self.retry.run(f"{what} {self.url(key)}", checked, _is_transient, self._describe)
+
+    def _missing_bucket(self) -> base.MissingBucketError:
+        return base.MissingBucketError(f"bucket {self.bucket_name!r} does not exist at {self.endpoint}")
 
     def _describe(self, error: BaseException) -> str:
         """What went wrong, naming the endpoint and what to set where that is the cure (no secrets)."""
@@ -174,7 +187,7 @@ class GCSObjectStore(base.CopyableObjectStore, base.PinnedObjectStore):
                 data = download(blob, if_generation_match=generation)
             except gexc.NotFound as error:
                 if _bucket_missing(error):
-                    raise base.RemoteError(f"bucket {self.bucket_name!r} does not exist") from None
+                    raise self._missing_bucket() from None
                 return None
             return data, str(generation)
 
@@ -196,7 +209,7 @@ class GCSObjectStore(base.CopyableObjectStore, base.PinnedObjectStore):
             except gexc.NotFound:
                 if if_token is not None and not if_absent:
                     return None  # the version we meant to replace is gone
-                raise base.RemoteError(f"bucket {self.bucket_name!r} does not exist") from None
+                raise self._missing_bucket() from None
             return str(blob.generation)
 
         return self._run("PUT", key, call)

@@ -14,6 +14,7 @@ from yogacache.backends import base
 from yogacache.backends.base import (
     COPY_CHUNK_BYTES,
     DEFAULT_TRANSFER_THREADS,
+    MissingBucketError,
     ObjectChecksum,
     ObjectInfo,
     ProgressCallback,
@@ -141,7 +142,18 @@ class S3ObjectStore(base.CopyableObjectStore, base.PinnedObjectStore):
         return join_key(self.prefix, key)
 
     def _run(self, what: str, key: str, call: Any) -> Any:
-        return self.retry.run(f"{what} {self.url(key)}", call, _is_transient, self._describe)
+        def checked() -> Any:
+            try:
+                return call()
+            except botocore.exceptions.ClientError as error:
+                if _code(error) == "NoSuchBucket":
+                    raise self._missing_bucket() from None
+                raise
+
+        return self.retry.run(f"{what} {self.url(key)}", checked, _is_transient, self._describe)
+
+    def _missing_bucket(self) -> MissingBucketError:
+        return MissingBucketError(f"bucket {self.bucket!r} does not exist at {self.endpoint}")
 
     def _describe(self, error: BaseException) -> str:
         """What went wrong, naming the endpoint and what to set where that is the cure (no secrets)."""
@@ -175,7 +187,7 @@ class S3ObjectStore(base.CopyableObjectStore, base.PinnedObjectStore):
                 if _code(error) in _ABSENT:
                     return None
                 if _code(error) == "NoSuchBucket":
-                    raise RemoteError(f"bucket {self.bucket!r} does not exist") from None
+                    raise self._missing_bucket() from None
                 raise
             return response["Body"].read(), response["ETag"]
 

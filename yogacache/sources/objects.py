@@ -17,7 +17,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any, BinaryIO, Iterator, Optional, Sequence, Union
 
-from yogacache.backends.base import ObjectChangedError, ObjectPin, PinnedObjectStore, RemoteError
+from yogacache.backends.base import MissingBucketError, ObjectChangedError, ObjectPin, PinnedObjectStore, RemoteError
 from yogacache.backends.registry import backend_settings, open_backend
 from yogacache.errors import ConfigError
 from yogacache.sources.errors import SourceChangedError, SourceError
@@ -88,6 +88,8 @@ def _as_source_errors(url: str, ref: Optional[ObjectRef] = None) -> Iterator[Non
         yield
     except ObjectChangedError as error:
         raise _changed(url, ref, error) from None
+    except MissingBucketError as error:  # about the bucket, whatever was asked of it
+        raise SourceError(f"cannot read source {url.rstrip('/')}: {error}") from None
     except RemoteError as error:
         raise SourceError(f"cannot read source object {url}: {error.reason}") from None
 
