@@ -261,8 +261,8 @@ def test_too_few_descriptors_say_so_instead_of_corrupt(many_parts: Path) -> None
 
 def test_a_cache_reopens_at_once_after_a_reader_closes(tmp_path: Path) -> None:
     """Closing a reader hands its part to the registry, which closes the LMDB environment under
-    its lock: a reader opened right after (here while the closed one's offsets builder may still
-    be finishing on its own thread) never meets py-lmdb's "already open in this process"."""
+    its lock: a reader opened right after (here while the closed one's read transaction may
+    still be held by its thread) never meets py-lmdb's "already open in this process"."""
     store = make_store(tmp_path)
     store.build("wide", "v1", [(np.int64(i), np.full(256, i, np.int64)) for i in range(20_000)])
     for round_ in range(300):

@@ -8,13 +8,15 @@ thread and the framework consuming its batches run at once instead of taking tur
 Nothing is kept per record or per page (``PartTree``): a part written in key order with
 ``append=True`` fills every page of each level of its B-tree before it starts the next, so the
 page, and the slot in it, of the record ``n`` places after the part's first follow from the
-tree's shape read once on the leftmost path (O(depth) pages), and each batch walks from the
-newest meta page's root down, one page per level, as LMDB's own search does; stale pages of
-earlier transactions are never reached. LMDB's file format (0.9, 64-bit) is stable and
-documented in ``mdb.c``. Every record found is checked where it is found (its node holds the
-wanted key and a value of the expected size on a leaf page): anything that does not look
-exactly as expected (another format version, page size, flags, key width, value size, a tree
-not filled in order, a page out of the file) gives None, and the reader asks LMDB itself.
+tree's shape: the records a leaf holds and each branch level's fan-out, O(depth) numbers,
+checked once over the branch pages (about one page in a hundred; the leaves are not read).
+Each batch walks from the newest meta page's root down, one page per level, as LMDB's own
+search does; stale pages of earlier transactions are never reached. LMDB's file format (0.9,
+64-bit) is stable and documented in ``mdb.c``. Every record is checked on its leaf (the leaf
+holds its slot, the node there its key and a value of the expected size; records read in key
+order, once per leaf: its first and last keys): anything that does not look exactly as
+expected (another format version, page size, flags, key width, value size, a tree not filled
+in order, a page out of the file) gives None, and the reader asks LMDB itself.
 Gathers are bounds-checked by numpy, so a file altered after verification can give wrong bytes
 (as through LMDB) but never a read outside the map.
 """
@@ -352,7 +354,7 @@ def _part_tree(data: np.ndarray[Any, Any], record_size: int, entries: int) -> Op
     children = 1
     for level in range(depth - 1):  # every branch page, level by level
         counts = _node_counts(data, pages, page_size, P_BRANCH)
-        if counts is None or (level and np.any(counts[:-1] != counts[0])):
+        if counts is None or (level and (np.any(counts[:-1] != counts[0]) or counts[-1] > counts[0])):
             return None  # not filled in order: a page of the level (but the last) not full
         fanouts.append(0 if level == 0 else int(counts[0]))
         if level < depth - 2:

@@ -739,10 +739,10 @@ class CacheReader:
                 entry = self._use_part(part)  # held while its part is read
                 try:
                     at = range(len(indices)) if positions is None else positions.tolist()
-                    with entry.env.begin(buffers=True) as txn:
-                        for position, key in zip(at, keys.astype(">u8").view("V8").tolist()):
-                            value = txn.get(key)
-                            values[position] = None if value is None else bytes(value)
+                    get = entry.reading().get
+                    for position, key in zip(at, keys.astype(">u8").view("V8").tolist()):
+                        value = get(key)
+                        values[position] = None if value is None else bytes(value)
                 finally:
                     self._done_with_part(part)
         except lmdb.Error as error:
