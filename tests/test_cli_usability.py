@@ -293,3 +293,18 @@ def test_a_cli_error_names_the_commands_options_not_python_keywords(tmp_path: Pa
     assert "--on-source-change rebuild" in again.stderr and "--on-source-change ignore" in again.stderr
     assert "--version auto" in again.stderr
     assert "on_source_change=" not in again.stderr and "version='auto'" not in again.stderr
+
+
+def test_a_wrong_endpoint_url_flag_is_named_as_the_flag(tmp_path: Path) -> None:
+    """The endpoint that cannot be reached is the one passed: the advice names --endpoint-url, not
+    the config or AWS_ENDPOINT_URL (which the advice names when no flag was given)."""
+    from tests.servers import free_port
+
+    dead = f"http://127.0.0.1:{free_port()}"
+    env = {"AWS_ACCESS_KEY_ID": "x", "AWS_SECRET_ACCESS_KEY": "y", "AWS_MAX_ATTEMPTS": "1"}
+    flagged = run_cli("ls", "--storage", "s3://some-bucket/caches", "--endpoint-url", dead, env=env)
+    error = flagged.stderr.strip().splitlines()[-1]  # the error (retries before it log as they go)
+    assert flagged.returncode == 1 and f"cannot connect to the S3 endpoint {dead}" in error, flagged.stderr
+    assert error.endswith("check --endpoint-url") and "AWS_ENDPOINT_URL" not in error, error
+    from_env = run_cli("ls", "--storage", "s3://some-bucket/caches", env={**env, "AWS_ENDPOINT_URL": dead})
+    assert from_env.returncode == 1 and "AWS_ENDPOINT_URL" in from_env.stderr.strip().splitlines()[-1], from_env.stderr

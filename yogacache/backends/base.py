@@ -52,6 +52,11 @@ class RemoteError(YogaCacheError):
         self.reason = reason if reason is not None else message
 
 
+#: Where an S3 endpoint comes from, as a connection failure's advice says (the CLI names its
+#: ``--endpoint-url`` instead when one was passed).
+ENDPOINT_HINT = "check endpoint_url in the config or AWS_ENDPOINT_URL"
+
+
 class MissingBucketError(RemoteError):
     """The bucket (an Azure container) does not exist: whatever the request (a LIST, a GET, a
     lease's PUT), one message naming the bucket and the endpoint, never retried."""

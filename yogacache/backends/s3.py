@@ -165,10 +165,7 @@ class S3ObjectStore(base.CopyableObjectStore, base.PinnedObjectStore):
         if _code(error) in _BAD_CREDENTIALS:
             return f"{where} refused the credentials ({_code(error)}); {_CREDENTIALS_HINT}"
         if isinstance(error, botocore.exceptions.EndpointConnectionError):
-            return (
-                f"cannot connect to the S3 endpoint {self.endpoint}; check endpoint_url in the config or "
-                "AWS_ENDPOINT_URL"
-            )
+            return f"cannot connect to the S3 endpoint {self.endpoint}; {base.ENDPOINT_HINT}"
         return f"{describe_error(error)} from {where}"
 
     def read(self, key: str, max_bytes: Optional[int] = None) -> Optional[tuple[bytes, str]]:

@@ -17,6 +17,7 @@ from types import FrameType
 from typing import Any, Optional, Sequence
 
 from yogacache import progress, redaction
+from yogacache.backends.base import ENDPOINT_HINT
 from yogacache.cli.parser import build_parser
 from yogacache.cli.stores import open_cli_store
 from yogacache.errors import CacheNotFoundError, CorruptCacheError, YogaCacheError
@@ -227,6 +228,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except (YogaCacheError, OSError) as error:
         progress.close_all()
         message = _in_cli_terms(str(error), getattr(args, "command_parser", None))
+        if getattr(args, "endpoint_url", None):  # the endpoint that failed is the one passed
+            message = message.replace(ENDPOINT_HINT, "check --endpoint-url")
         if isinstance(error, CorruptCacheError) and store is not None:
             message += _corrupt_next_step(store, args)
         _print_error(message)
