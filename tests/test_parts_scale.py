@@ -364,3 +364,39 @@ def test_listing_pages_past_the_first_thousand_keys_and_ls_finds_the_cache_after
     store = open_store(cloud.config(bucket, "caches"), show_progress=False)
     entries = {(entry.dataset_id, entry.dataset_version): entry for entry in store.list()}
     assert set(entries) == {("zz", "v1")} and entries[("zz", "v1")].remote == published
+
+
+def test_ls_reads_the_published_manifests_many_at_once(tmp_path: Path) -> None:
+    """``list`` (what ``yogacache ls`` shows) reads one manifest per cache: of many caches, many at
+    once, not one after another (10^4 caches: seconds, not minutes). Counted, not timed: the
+    most manifest reads in flight together."""
+    import threading
+    import time
+
+    from yogacache.backends.files import FileObjectStore
+    from yogacache.store.remote import LIST_READ_THREADS, RemoteCacheStore
+
+    objects = FileObjectStore(tmp_path / "bucket")
+    builder = RemoteCacheStore(objects, tmp_path / "builder", show_progress=False)
+    for i in range(24):
+        builder.build(f"ds{i:02d}", "v1", [{"x": i}])
+
+    class Slow(FileObjectStore):
+        in_flight = peak = 0
+        lock = threading.Lock()
+
+        def read(self, key: str, max_bytes: Optional[int] = None) -> Any:
+            with Slow.lock:
+                Slow.in_flight += 1
+                Slow.peak = max(Slow.peak, Slow.in_flight)
+            try:
+                time.sleep(0.05)  # a round trip: readers overlap only if they are concurrent
+                return super().read(key, max_bytes)
+            finally:
+                with Slow.lock:
+                    Slow.in_flight -= 1
+
+    entries = RemoteCacheStore(Slow(tmp_path / "bucket"), tmp_path / "node", show_progress=False).list()
+    assert [e.dataset_id for e in entries] == [f"ds{i:02d}" for i in range(24)]
+    assert all(e.remote is not None and e.remote.num_records == 1 for e in entries)
+    assert 4 <= Slow.peak <= LIST_READ_THREADS, Slow.peak
