@@ -1,8 +1,8 @@
 #!/usr/bin/env python
 """Per-process costs against the dataset's size: 10^5 to 10^10 records, yogacache and its peers.
 
-Issue 34 items 4 and 5. For each N, each measurement runs in a fresh process (its imports before
-the clock) and reports, from opening the cache to the first element: the time, the growth of
+Issue 34 items 4 and 5. For each N, each measurement runs in ``--reps`` fresh processes (3; the
+medians are reported; imports before the clock) and reports, from opening the cache to the first element: the time, the growth of
 ``RssAnon`` (anonymous resident memory: excludes the mapped cache files and shared libraries)
 plus ``RssShmem`` (MosaicML Streaming keeps its epoch's sample ids in shared memory) of the
 main process, and of one DataLoader worker from its start to its first batch, and the resume
@@ -390,6 +390,19 @@ def peers_python(venv: str) -> tuple[Optional[str], str]:
     return python, f"{why} datasets {version}"
 
 
+def median_of(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Each number's median over the fresh processes ``runs`` (the first failure if one failed)."""
+    failed = [run for run in runs if "error" in run]
+    if failed:
+        return failed[0]
+    merged = dict(runs[0], reps=len(runs))
+    for key, value in runs[0].items():
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            values = sorted(run[key] for run in runs)
+            merged[key] = values[len(values) // 2]
+    return merged
+
+
 def _commit() -> str:
     """The checkout's commit, marked ``+changes`` when its yogacache/ differs from it."""
     head = subprocess.run(["git", "-C", REPO, "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
@@ -429,6 +442,7 @@ def main() -> None:
     parser.add_argument("--synthetic-from", type=size, default=10**9)
     parser.add_argument("--synthetic-parts", type=int, default=10_000)
     parser.add_argument("--random-reads", type=int, default=20_000)
+    parser.add_argument("--reps", type=int, default=3, help="fresh processes per row and size; medians reported")
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds per measurement")
     parser.add_argument("--mem-cap", type=float, default=4.0, help="GiB (anon + shmem) per measurement")
     parser.add_argument("--out")
@@ -446,6 +460,8 @@ def main() -> None:
     if args.combine:
         print(combined(args.combine))
         return
+    if args.quick:
+        args.reps = 1
     sizes = [10**5, 10**6] if args.quick else sorted(size(s) for s in args.sizes.split(","))
     rows = [r for r in args.rows.split(",") if r]
     peers = [] if args.no_peers else [p for p in args.peers.split(",") if p]
@@ -474,9 +490,13 @@ def main() -> None:
         spec = specs[n]
         for row in rows:
             log(f"{row} at {n:,}")
-            result = run_capped(
-                [sys.executable, __file__, "--child", row, "--spec", json.dumps(spec)], args.timeout, cap, env
-            )
+            runs = []
+            for _ in range(args.reps):
+                argv = [sys.executable, __file__, "--child", row, "--spec", json.dumps(spec)]
+                runs.append(run_capped(argv, args.timeout, cap, env))
+                if "error" in runs[-1]:
+                    break  # a process over the cap or the clock would be again
+            result = median_of(runs)
             results["rows"].setdefault(row, {})[str(n)] = result
             log(f"  {result}")
         for peer in peers:
