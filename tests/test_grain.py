@@ -231,3 +231,31 @@ def test_streamed_from_s3_under_a_budget_workers_reuse_the_nodes_parts(s3_server
                 source.__getitems__(range(0, RECORDS, 37)), expected.__getitems__(list(range(0, RECORDS, 37)))
             )
         )
+
+
+@pytest.mark.parametrize("kind", ["fixed", "variable"])
+def test_one_record_is_read_on_its_own_and_equals_a_batch_of_one(
+    kind: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Grain's DataLoader reads ``source[i]`` one record at a time: that is one B-tree search and
+    one decode (``read_leaves``), never a batch set up for one row, and it gives exactly what
+    ``__getitems__([i])[0]`` gives."""
+    rng = np.random.default_rng(3)
+    if kind == "fixed":
+        records = [{"image": rng.integers(0, 255, (4, 4), dtype=np.uint8), "label": np.int64(i)} for i in range(300)]
+    else:
+        records = [{"text": b"x" * (i % 7), "n": i, "v": np.arange(i % 3, dtype=np.float32)} for i in range(300)]
+    CacheStore(tmp_path, show_progress=False).build("g", "v1", records)
+    source = CacheDataSource(CacheStore(tmp_path).open("g", "v1"))
+    reader = source.reader
+    batched = {i: source.__getitems__([i])[0] for i in (0, 1, 150, 299)}
+    calls: list[str] = []
+    for name in ("read_elements", "read_columns"):
+        monkeypatch.setattr(reader, name, lambda *a, _n=name, **k: calls.append(_n))
+    for i, expected in batched.items():
+        got = source[i]
+        assert sorted(got) == sorted(expected)
+        for key in got:
+            assert type(got[key]) is type(expected[key]), (key, type(got[key]), type(expected[key]))
+            np.testing.assert_array_equal(got[key], expected[key])
+    assert calls == [], calls  # the single-record path only

@@ -32,7 +32,7 @@ except ImportError as error:  # pragma: no cover - exercised only without grain
     raise ImportError("yogacache.grain needs Grain: pip install 'yogacache[grain]'") from error
 
 from yogacache import launcher
-from yogacache.format.spec import structure_builder
+from yogacache.format.spec import structure_builder, unflatten
 from yogacache.read.epochs import EpochReader
 from yogacache.read.options import ReadOptions, stream_arguments, stream_signature
 from yogacache.read.pipeline import CacheSource, open_reader, record_position
@@ -77,9 +77,14 @@ class CacheDataSource:
         return record_position(index, len(self.reader), "a cache")
 
     def __getitem__(self, index: int) -> Any:
-        # One record: LMDB's own lookup costs less than a gather set up for one row (Grain's
-        # DataLoader reads record by record).
-        return self.reader.read_elements([self._index(index)])[0]
+        """Record ``index``, as ``__getitems__([index])[0]`` gives it, read on its own (Grain's
+        DataLoader reads record by record): one B-tree search in this thread's reused read-only
+        transaction and one decode (a mixture reads a batch of one)."""
+        read_leaves = getattr(self.reader, "read_leaves", None)
+        if read_leaves is None:
+            return self.__getitems__([index])[0]
+        leaves = read_leaves(self._index(index))
+        return self._build(leaves) if self.reader.codec.stackable else unflatten(leaves, self.reader.spec)
 
     def __getitems__(self, indices: Sequence[int]) -> list[Any]:
         """The records at ``indices``, read in one pass (one gather per leaf)."""
