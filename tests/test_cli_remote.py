@@ -221,7 +221,7 @@ def test_push_publishes_a_local_cache(s3_remote: Remote) -> None:
     node_b.local.build("mnist", "v1", dataset(300, 1))
     refused = remote.cli("push", "mnist", "v1")
     assert refused.returncode == 1
-    assert "rm --remote" in refused.stderr
+    assert "yogacache rm mnist v1 --remote" in refused.stderr and "cannot push mnist v1" in refused.stderr
     still = remote.node("node-c").remote_manifest("mnist", "v1")
     assert still is not None and still.freshness == built.freshness
 
