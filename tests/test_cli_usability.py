@@ -229,10 +229,10 @@ def test_a_missing_extra_is_one_line_with_the_install_hint(
     assert lines[0].startswith("yogacache: error:") and f"yogacache[{extra}]" in lines[0], lines[0]
 
 
-# -- the README's config table ------------------------------------------------------------------
+# -- the config table (docs/storage.md) ---------------------------------------------------------
 def _readme_config_table() -> dict[str, tuple[set[str], set[str]]]:
-    text = (REPO / "README.md").read_text()
-    section = text[text.index("## Configuration") :]
+    text = (REPO / "docs" / "storage.md").read_text()
+    section = text[text.index("| type | required | optional |") :]
     table: dict[str, tuple[set[str], set[str]]] = {}
     for line in section.splitlines():
         match = re.match(r"^\| `(\w+)` \|(.*)\|(.*)\|$", line)

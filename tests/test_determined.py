@@ -643,9 +643,9 @@ def test_the_readme_migration_line_runs(tmp_path: Path) -> None:
     import yogacache
 
     text = (REPO / "README.md").read_text()
-    section = text[text.index("### Determined trials"):]
-    row = next(line for line in section.splitlines() if line.startswith("| `@self.context.experimental"))
-    removed, replacement = re.findall(r"`([^`]+)`", row)[:2]
+    section = text[text.index("### Determined"):]
+    line = " ".join(section.split("\n\n")[1].split())  # "`@self.context.experimental...` becomes `@yogacache...`"
+    removed, replacement = re.findall(r"`(@[^`]+)`", line)[:2]
     assert replacement == removed.replace("self.context.experimental", "yogacache.determined.data_layer(self.context)")
 
     class Trial:
@@ -655,7 +655,8 @@ def test_the_readme_migration_line_runs(tmp_path: Path) -> None:
         )
 
     namespace: dict[str, Any] = {"self": Trial(), "yogacache": yogacache, "records": records}
-    exec(replacement + "\ndef make_dataset():\n    return records()\n", namespace)
+    decorator = replacement.replace("(...)", '("mnist", "v1", shuffle=True)')  # the README elides them
+    exec(decorator + "\ndef make_dataset():\n    return records()\n", namespace)
     dataset = namespace["make_dataset"]()
     assert isinstance(dataset, tf.data.Dataset)
     assert [int(e["i"]) for e in dataset.as_numpy_iterator()] == shard_order(0, 1, N, drop=True, seed=6)
