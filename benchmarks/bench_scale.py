@@ -2,11 +2,11 @@
 """Per-process costs against the dataset's size: 10^5 to 10^10 records, yogacache and its peers.
 
 Issue 34 items 4 and 5. For each N, each measurement runs in ``--reps`` fresh processes (3; the
-medians are reported; imports before the clock) and reports, from opening the cache to the first element: the time, the growth of
-``RssAnon`` (anonymous resident memory: excludes the mapped cache files and shared libraries)
-plus ``RssShmem`` (MosaicML Streaming keeps its epoch's sample ids in shared memory) of the
-main process, and of one DataLoader worker from its start to its first batch, and the resume
-state's size (``len(json.dumps(state))``). Rows:
+medians are reported; imports before the clock) and reports, from opening the cache to the first
+element: the time, the growth of ``RssAnon`` (anonymous resident memory: excludes the mapped cache
+files and shared libraries) plus ``RssShmem`` (MosaicML Streaming keeps its epoch's sample ids in
+shared memory) of the main process, and of one DataLoader worker from its start to its first batch,
+and the resume state's size (``len(json.dumps(state))``). Rows:
 
 * ``shard`` / ``global`` / ``parts``: ``CacheDataRef(reader).stream(shuffle=True,
   shuffle_mode=...)``, its first element; the worker column reads the same order through
@@ -449,6 +449,7 @@ def main() -> None:
     parser.add_argument(
         "--combine", nargs="+", metavar="JSON", help="print the table of earlier --out files (rows and peers merged)"
     )
+    parser.add_argument("--plot", metavar="PNG", help="also draw memory growth against records (matplotlib)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--spec", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -459,6 +460,8 @@ def main() -> None:
 
     if args.combine:
         print(combined(args.combine))
+        if args.plot:
+            plot_memory(merge(args.combine), args.plot)
         return
     if args.quick:
         args.reps = 1
@@ -521,10 +524,60 @@ def main() -> None:
     if args.out:
         with open(args.out, "w") as f:
             json.dump(results, f, indent=2)
+    if args.plot:
+        plot_memory(results, args.plot)
 
 
 def combined(paths: list[str]) -> str:
     """The report of several ``--out`` files: the rows and peers of each, later files winning."""
+    merged = merge(paths)
+    sizes = sorted(int(n) for n in merged["specs"])
+    rows = [r for r in ROWS if r in merged["rows"]]
+    peers = [p for p in PEERS if p in merged["peers"]]
+    return report(merged, sizes, rows, peers)
+
+
+def plot_memory(results: dict[str, Any], path: str) -> None:
+    """Memory growth of one process against the records, log-log, one line per row and peer (a
+    failed cell ends its line, marked x): where a line rises, that library's cost grows with N."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(figsize=(8, 4.8), dpi=110)
+    axes.set_prop_cycle(color=plt.get_cmap("tab20").colors)
+    series = [(f"yogacache {row}", by, "-") for row, by in results["rows"].items() if row != "shard"]
+    series.append(("yogacache shard (YogaDL's order)", results["rows"].get("shard", {}), ":"))
+    series += [(peer, by, "--") for peer, by in results["peers"].items()]
+    for label, by_size, style in series:
+        done = sorted((int(n), r) for n, r in by_size.items())
+        points = [(n, max(r["growth"], 64 * 1024) / MB) for n, r in done if "error" not in r and "growth" in r]
+        if not points:
+            continue
+        line = axes.plot(*zip(*points), style, marker="o", label=label)[0]
+        failed = [n for n, r in done if "error" in r]
+        if failed:
+            axes.plot([failed[0]], [4096], "x", color=line.get_color(), markersize=10)
+    axes.set_xscale("log")
+    axes.set_yscale("log")
+    axes.set_xlabel("records in the dataset")
+    axes.set_ylabel("memory growth per process (MB)")
+    axes.set_title("Per-process memory against dataset size (x: failed, over 4 GiB or 60 s)")
+    synthetic = [int(n) for n, spec in results.get("specs", {}).items() if spec.get("synthetic")]
+    if synthetic:  # what the step there is: the caches' parts, not their records
+        parts = max(results["specs"][str(n)].get("parts", 0) for n in synthetic)
+        axes.axvspan(min(synthetic) / 1.5, max(synthetic) * 1.5, color="grey", alpha=0.08)
+        axes.text(min(synthetic) / 1.4, 0.08, f"synthetic caches of {parts:,} parts: O(parts)", fontsize=7)
+    axes.grid(True, which="both", alpha=0.3)
+    axes.legend(fontsize=7, ncol=2)
+    figure.tight_layout()
+    figure.savefig(path)
+    log(f"plot written to {path}")
+
+
+def merge(paths: list[str]) -> dict[str, Any]:
+    """The rows and peers of several ``--out`` files, later files winning."""
     merged: dict[str, Any] = {"rows": {}, "peers": {}, "specs": {}, "peers_versions": ""}
     for path in paths:
         with open(path) as f:
@@ -537,10 +590,7 @@ def combined(paths: list[str]) -> str:
             merged["commit"], merged["load"] = part.get("commit", "?"), part.get("load", 0)
         if part["peers"]:
             merged["peers_versions"] = part["peers_versions"]
-    sizes = sorted(int(n) for n in merged["specs"])
-    rows = [r for r in ROWS if r in merged["rows"]]
-    peers = [p for p in PEERS if p in merged["peers"]]
-    return report(merged, sizes, rows, peers)
+    return merged
 
 
 def report(results: dict[str, Any], sizes: list[int], rows: list[str], peers: list[str]) -> str:

@@ -38,9 +38,9 @@ from yogacache import redaction
 from yogacache.format.spec import STRING, Spec, leaf_paths, spec_leaves
 from yogacache.read.epochs import EpochReader, layout_of
 from yogacache.read.layout import PartLayout
-from yogacache.read.plans import GlobalPlan
 from yogacache.read.options import ReadOptions, stream_arguments, stream_signature
 from yogacache.read.pipeline import CacheSource, open_reader
+from yogacache.read.plans import GlobalPlan
 from yogacache.read.reader import CacheReader
 from yogacache.store import open_cache
 
