@@ -134,8 +134,9 @@ def chromium() -> str:
     found = shutil.which("chromium") or shutil.which("chromium-browser")
     if found:
         return found
-    install = ["apt-get", "install", "-y", "chromium"]
-    for command in (install, ["apt-get", "update"], install):  # an old package list: update, try again
+    root = [] if os.geteuid() == 0 or not shutil.which("sudo") else ["sudo", "-n"]  # not root: sudo, if allowed
+    install = [*root, "apt-get", "install", "-y", "chromium"]
+    for command in (install, [*root, "apt-get", "update"], install):  # an old package list: update, try again
         quiet = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
         subprocess.run(command, capture_output=True, text=True, timeout=900, env=quiet)
         found = shutil.which("chromium")
