@@ -308,7 +308,9 @@ def unique(prefix: str = "p") -> str:
 
 # -- separate node processes ------------------------------------------------------------------
 def python_env(**extra: str) -> dict[str, str]:
-    env = dict(os.environ)
+    # A command's output is piped here: no terminal width the runner happens to export (pytest-xdist's
+    # workers, a CI shell) fits its tables, unless a test asks for one in ``extra``.
+    env = {key: value for key, value in os.environ.items() if key not in ("COLUMNS", "LINES")}
     env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
     env.update(extra)
     return env
