@@ -34,7 +34,8 @@ def _records(n: int, offset: int = 0) -> list[dict[str, Any]]:
 def run_cli(
     *args: str, stdin: Optional[str] = None, env: Optional[dict[str, str]] = None
 ) -> subprocess.CompletedProcess[str]:
-    full_env = dict(os.environ)
+    # Piped output: no terminal width the runner exports (pytest-xdist's workers) fits the tables.
+    full_env = {key: value for key, value in os.environ.items() if key not in ("COLUMNS", "LINES")}
     full_env["PYTHONPATH"] = str(REPO) + os.pathsep + full_env.get("PYTHONPATH", "")
     if env:
         full_env.update(env)
