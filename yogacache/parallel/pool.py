@@ -29,7 +29,6 @@ import copy
 import multiprocessing
 import multiprocessing.reduction
 import os
-import pickle
 import queue
 import shutil
 import sys
@@ -61,7 +60,8 @@ from yogacache.parallel.shards import (
     assemble_manifest,
     builder_shards,
     known_offsets,
-    portable_pickle,
+    portable_call,
+    sent_size,
     write_shard,
 )
 from yogacache.progress import Progress
@@ -126,8 +126,8 @@ class ProgressTotals:
 # In the driver, during a forked build: token -> the dataset of the build's index ranges (its
 # workers inherit it). In a worker: the datasets it has made, by token.
 _SHARED: dict[str, Any] = {}
-# In a spawned worker, from its initializer: token -> ("recipe" | "data", pickled CallShard or dataset).
-_SENT: dict[str, tuple[str, bytes]] = {}
+# In a spawned worker, from its initializer: token -> ("recipe" | "data", the CallShard or the dataset).
+_SENT: dict[str, tuple[str, Any]] = {}
 
 
 @dataclass(frozen=True)
@@ -143,8 +143,7 @@ class SharedData:
         data = _SHARED.get(self.token)
         if data is not None:
             return data
-        how, blob = _SENT[self.token]
-        made = pickle.loads(blob)
+        how, made = _SENT[self.token]
         if how == "recipe":
             function = getattr(made.function, "qualname", None) or getattr(made.function, "__qualname__", "it")
             made = made.make()
@@ -177,15 +176,14 @@ class SentToWorkers:
 _updates: Any = None
 
 
-def _init_worker(updates: Any, sent: dict[str, tuple[str, bytes]]) -> None:
+def _init_worker(updates: Any, sent: dict[str, tuple[str, Any]]) -> None:
     global _updates
     _updates = updates
     _SENT.update(sent)
 
 
-def _run_shard(blob: bytes) -> ShardResult:
-    """Runs in a worker process: writes one shard (its job pickled by the driver)."""
-    job = pickle.loads(blob)
+def _run_shard(job: dict[str, Any]) -> ShardResult:
+    """Runs in a worker process: writes one shard."""
     if os.getppid() != job["parent"] or not Path(job["directory"]).is_dir():
         os._exit(1)  # the driver is gone (and the next build may have removed its directory)
     shard = job["shard"]
@@ -438,24 +436,28 @@ class ShardedBuild:
 
     def _send(
         self, shared: dict[int, tuple[SharedData, Any]], method: str
-    ) -> tuple[dict[str, tuple[str, bytes]], str]:
+    ) -> tuple[dict[str, tuple[str, Any]], int, str]:
         """What each spawned worker is sent once (by token: the call that makes a dataset again,
-        else the value pickled), and how it got there; forked workers are sent nothing."""
+        else the value), the bytes that pickles to, and how it got there; forked workers are sent
+        nothing."""
         if not shared:
-            return {}, ""
+            return {}, 0, ""
         if method == "fork":
-            return {}, "inherited"
-        sent: dict[str, tuple[str, bytes]] = {}
+            return {}, 0, "inherited"
+        sent: dict[str, tuple[str, Any]] = {}
+        size = 0
         kinds = set()
         for key, (stand_in, value) in shared.items():
             recipe = self.remakes.get(key)
-            blob = portable_pickle(recipe) if recipe is not None else None
-            if blob is not None:
-                sent[stand_in.token] = ("recipe", blob)
+            portable = portable_call(recipe) if recipe is not None else None
+            if portable is not None:
+                sent[stand_in.token] = ("recipe", portable[0])
+                size += portable[1]
                 kinds.add("remade")
                 continue
             try:
-                sent[stand_in.token] = ("data", bytes(multiprocessing.reduction.ForkingPickler.dumps(value)))
+                size += sent_size(value)
+                sent[stand_in.token] = ("data", value)
             except Exception as error:  # PicklingError, TypeError, AttributeError: what spawn would meet
                 raise BuildError(
                     f"the dataset of this build ({type(value).__name__}) could not be sent to a spawned "
@@ -463,7 +465,7 @@ class ShardedBuild:
                     "module-level function that makes it (docs/parallel-build.md)"
                 ) from None
             kinds.add("pickled")
-        return sent, "+".join(sorted(kinds))
+        return sent, size, "+".join(sorted(kinds))
 
     def _jobs(
         self,
@@ -519,7 +521,7 @@ class ShardedBuild:
             if self.workers > 1:  # the recipes workers would be sent must be sendable, small build or not
                 for job in jobs:
                     if not isinstance(job["shard"], IndexRange):  # index ranges send no data (see _send)
-                        _pickle_job(job)
+                        _job_size(job)
             results = []
             for job in jobs:
                 progress = ShardProgress(job["index"], lambda update: totals.set(*update), 0)
@@ -534,10 +536,9 @@ class ShardedBuild:
             return results
         method, why = self.choose_start_method()
         shared = self._shared()
-        sent, how = self._send(shared, method)
+        sent, sent_bytes, how = self._send(shared, method)
         jobs = self._jobs(directory, dataset_id, dataset_version, limits, part_size_bytes, shared)
-        blobs = [_pickle_job(job) for job in jobs]
-        self.sent = SentToWorkers(method, how, sum(len(blob) for _, blob in sent.values()), tuple(map(len, blobs)))
+        self.sent = SentToWorkers(method, how, sent_bytes, tuple(_job_size(job) for job in jobs))
         log.info(
             "building %s:%s on %d %s workers (%s)%s", dataset_id, dataset_version, workers, method, why,
             f"; what its shards share: {how}" if how else "",
@@ -547,7 +548,7 @@ class ShardedBuild:
                 _SHARED[stand_in.token] = value
         try:
             return self._attempts(
-                jobs, blobs, sent, method, directory, dataset_id, dataset_version, totals, syncing, workers
+                jobs, sent, method, directory, dataset_id, dataset_version, totals, syncing, workers
             )
         finally:
             for stand_in, _ in shared.values():
@@ -556,8 +557,7 @@ class ShardedBuild:
     def _attempts(
         self,
         jobs: list[dict[str, Any]],
-        blobs: list[bytes],
-        sent: dict[str, tuple[str, bytes]],
+        sent: dict[str, tuple[str, Any]],
         method: str,
         directory: Path,
         dataset_id: str,
@@ -569,7 +569,7 @@ class ShardedBuild:
         """Runs the jobs on pools of ``workers``, a new pool after a worker died (``retries``)."""
         done: dict[int, ShardResult] = {}
         for attempt in range(self.retries + 1):
-            pending = [(job["index"], blob) for job, blob in zip(jobs, blobs) if job["index"] not in done]
+            pending = [(job["index"], job) for job in jobs if job["index"] not in done]
             try:
                 self._run_pool(pending, sent, method, done, totals, syncing, workers)
                 return [done[i] for i in range(len(jobs))]
@@ -592,8 +592,8 @@ class ShardedBuild:
 
     def _run_pool(
         self,
-        jobs: list[tuple[int, bytes]],
-        sent: dict[str, tuple[str, bytes]],
+        jobs: list[tuple[int, dict[str, Any]]],
+        sent: dict[str, tuple[str, Any]],
         method: str,
         done: dict[int, ShardResult],
         totals: ProgressTotals,
@@ -611,7 +611,7 @@ class ShardedBuild:
             initargs=(updates, sent),
         )
         # Forked workers start at the first submit: the progress thread starts after them.
-        futures: dict[Future[ShardResult], int] = {pool.submit(_run_shard, blob): index for index, blob in jobs}
+        futures: dict[Future[ShardResult], int] = {pool.submit(_run_shard, job): index for index, job in jobs}
         pump.start()
         try:
             pending = set(futures)
@@ -642,10 +642,10 @@ def _unsendable(index: int, error: Exception) -> BuildError:
     return BuildError(f"build shard {index} could not be run in a worker process: {type(error).__name__}: {error}")
 
 
-def _pickle_job(job: dict[str, Any]) -> bytes:
-    """``job`` as its worker receives it (the pool then sends these bytes as they are)."""
+def _job_size(job: dict[str, Any]) -> int:
+    """The bytes ``job`` pickles to as the pool sends it (BuildError where it cannot be sent)."""
     try:
-        return bytes(multiprocessing.reduction.ForkingPickler.dumps(job))
+        return sent_size(job)
     except Exception as error:  # PicklingError, TypeError, AttributeError: what the pool would meet
         raise _unsendable(job["index"], error) from None
 

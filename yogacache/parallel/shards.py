@@ -146,16 +146,23 @@ class CallShard(BuildShard):
         return _resolve(self.function)(*self.args, **self.kwargs)
 
 
-def portable_pickle(call: CallShard) -> Optional[bytes]:
-    """``call`` pickled as a spawned worker receives it: its function as it is, else by name
-    (``_FunctionRef``: a decorated module-level function); None when neither pickles."""
+def sent_size(value: Any) -> int:
+    """The bytes ``value`` pickles to as multiprocessing sends it to a worker (what a parallel
+    build accounts for; the pool itself pickles it again when it sends it)."""
+    return len(multiprocessing.reduction.ForkingPickler.dumps(value))
+
+
+def portable_call(call: CallShard) -> Optional[tuple[CallShard, int]]:
+    """``call`` as a spawned worker can receive it, and its size pickled: its function as it is,
+    else by name (``_FunctionRef``: a decorated module-level function); None when neither pickles."""
     candidates = [call.function]
     qualname = getattr(call.function, "__qualname__", "<locals>")
     if "<locals>" not in qualname and getattr(call.function, "__module__", None):
         candidates.append(_FunctionRef(call.function))
     for function in candidates:
         try:
-            return bytes(multiprocessing.reduction.ForkingPickler.dumps(replace(call, function=function)))
+            portable = replace(call, function=function)
+            return portable, sent_size(portable)
         except Exception:  # PicklingError, AttributeError, TypeError: not sendable this way
             continue
     return None
