@@ -25,6 +25,7 @@ except ImportError as error:  # pragma: no cover - exercised only without Tensor
         "yogacache.tensorflow needs TensorFlow: pip install 'yogacache[tf]'"
     ) from error
 
+from yogacache import redaction
 from yogacache.errors import UnsupportedDatasetError
 from yogacache.format.codec import RecordCodec
 from yogacache.format.spec import (
@@ -47,6 +48,23 @@ _SOURCE_BATCH_RECORDS = 1024
 _SOURCE_PREFETCH = 2  # batches
 _SOURCE_PREFETCH_ELEMENTS = 16  # elements of varying shapes (sizes unknown)
 _STRING_GUESS_BYTES = 64
+
+log = redaction.get_logger(__name__)
+
+# The fast paths (``_unbatch_dense``, ``_rebatch_dense``) build on TensorFlow's private modules; a
+# TensorFlow that moved them gets the public methods (the same elements, slower), said once per
+# path here, and tests/test_tf_fast_path.py fails.
+FAST_PATHS_MISSED: dict[str, str] = {}
+
+
+def _missed(path: str, error: BaseException) -> None:
+    if path not in FAST_PATHS_MISSED:
+        FAST_PATHS_MISSED[path] = f"{type(error).__name__}: {error}"
+        log.warning(
+            "TensorFlow %s lacks what yogacache's fast %s builds on (%s): the public method is used, "
+            "slower; please report it",
+            tf.__version__, path, FAST_PATHS_MISSED[path],
+        )
 
 __all__ = ["from_options", "make_tf_dataset", "spec_from_tf", "spec_to_tf", "TFDatasetSource"]
 
@@ -418,7 +436,8 @@ def _unbatch_dense(batches: tf.data.Dataset) -> tf.data.Dataset:
         from tensorflow.python.data.ops import unbatch_op
 
         return unbatch_op._UnbatchDataset(batches)
-    except (ImportError, AttributeError, TypeError):
+    except (ImportError, AttributeError, TypeError) as error:
+        _missed("unbatch", error)
         return batches.unbatch()
 
 
@@ -454,7 +473,8 @@ def _rebatch_dense(
                 dataset_ops.UnaryDataset.__init__(self, reads, variant)
 
         return DenseRebatch()
-    except (ImportError, AttributeError, TypeError):
+    except (ImportError, AttributeError, TypeError) as error:
+        _missed("batch (rebatch)", error)
         return reads.rebatch(batch_size, drop_remainder=drop_remainder, name=name)
 
 

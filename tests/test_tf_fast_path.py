@@ -1,0 +1,75 @@
+"""The tf.data fast paths are taken with the TensorFlow installed, and the fallback is said.
+
+``yogacache.tensorflow`` makes the unbatch of each read and the ``batch`` that rebatches reads
+from TensorFlow's private dataset classes (no ``normalize_to_dense`` function traced per
+pipeline). A TensorFlow upgrade that moves them falls back to the public methods: the same
+elements, slower. This test fails when that happens, so the upgrade is noticed here, not in a
+benchmark.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+tf = pytest.importorskip("tensorflow")
+
+from yogacache import tensorflow as yc_tf  # noqa: E402
+from yogacache.dataref import CacheDataRef  # noqa: E402
+from yogacache.store.local import CacheStore  # noqa: E402
+
+
+def _chain(dataset: object) -> list[str]:
+    """The dataset classes from this one down to the pipeline's source."""
+    names = []
+    while dataset is not None:
+        names.append(type(dataset).__name__)
+        dataset = getattr(dataset, "_input_dataset", None)
+    return names
+
+
+@pytest.fixture
+def ref(tmp_path: Path) -> CacheDataRef:
+    store = CacheStore(tmp_path / "caches", show_progress=False)
+    store.build("fast", "v1", [{"x": np.int64(i), "v": np.full(3, i, dtype=np.float32)} for i in range(100)])
+    return CacheDataRef(store.open("fast", "v1"))
+
+
+def test_the_unbatch_and_the_batch_are_the_fast_ones(ref: CacheDataRef) -> None:
+    dataset = yc_tf.make_tf_dataset(ref.stream(shuffle=True, shuffle_seed=3))
+    batched = dataset.batch(8)
+
+    assert yc_tf.FAST_PATHS_MISSED == {}, f"TensorFlow {tf.__version__}: {yc_tf.FAST_PATHS_MISSED}"
+    assert "DenseRebatch" in _chain(batched)
+    assert "_UnbatchDataset" in _chain(dataset)
+    fast = [batch["x"].numpy().tolist() for batch in batched]
+    assert sorted(x for batch in fast for x in batch) == list(range(100))
+    assert [len(batch) for batch in fast] == [8] * 12 + [4]
+
+
+def test_a_moved_private_module_falls_back_to_the_same_elements_and_says_so(
+    ref: CacheDataRef, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from tensorflow.python.data.ops import rebatch_op
+
+    class Moved(rebatch_op._RebatchDataset):  # type: ignore[misc,name-defined]
+        """TensorFlow's rebatch as a release that changed it would be to yogacache: usable, not as a base."""
+
+        def __init_subclass__(cls) -> None:
+            raise TypeError("_RebatchDataset cannot be subclassed")
+
+    dataset = yc_tf.make_tf_dataset(ref.stream(shuffle=True, shuffle_seed=3))
+    fast = [batch["x"].numpy().tolist() for batch in dataset.batch(8)]
+    monkeypatch.setattr(rebatch_op, "_RebatchDataset", Moved)
+    monkeypatch.setattr(yc_tf, "FAST_PATHS_MISSED", {})
+    with caplog.at_level(logging.WARNING, logger="yogacache"):
+        batched = yc_tf.make_tf_dataset(ref.stream(shuffle=True, shuffle_seed=3)).batch(8)
+        slow = [batch["x"].numpy().tolist() for batch in batched]
+
+    assert "DenseRebatch" not in _chain(batched) and "Moved" in _chain(batched)
+    assert slow == fast
+    assert list(yc_tf.FAST_PATHS_MISSED) == ["batch (rebatch)"]
+    assert "fast batch (rebatch)" in caplog.text and "public method is used" in caplog.text
