@@ -540,40 +540,28 @@ def combined(paths: list[str]) -> str:
 def plot_memory(results: dict[str, Any], path: str) -> None:
     """Memory growth of one process against the records, log-log, one line per row and peer (a
     failed cell ends its line, marked x): where a line rises, that library's cost grows with N."""
-    import matplotlib
+    import _plot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    figure, axes = plt.subplots(figsize=(8, 4.8), dpi=110)
-    axes.set_prop_cycle(color=plt.get_cmap("tab20").colors)
-    series = [(f"yogacache {row}", by, "-") for row, by in results["rows"].items() if row != "shard"]
-    series.append(("yogacache shard (YogaDL's order)", results["rows"].get("shard", {}), ":"))
-    series += [(peer, by, "--") for peer, by in results["peers"].items()]
-    for label, by_size, style in series:
-        done = sorted((int(n), r) for n, r in by_size.items())
-        points = [(n, max(r["growth"], 64 * 1024) / MB) for n, r in done if "error" not in r and "growth" in r]
-        if not points:
-            continue
-        line = axes.plot(*zip(*points), style, marker="o", label=label)[0]
-        failed = [n for n, r in done if "error" in r]
-        if failed:
-            axes.plot([failed[0]], [4096], "x", color=line.get_color(), markersize=10)
-    axes.set_xscale("log")
-    axes.set_yscale("log")
-    axes.set_xlabel("records in the dataset")
-    axes.set_ylabel("memory growth per process (MB)")
-    axes.set_title("Per-process memory against dataset size (x: failed, over 4 GiB or 60 s)")
-    synthetic = [int(n) for n, spec in results.get("specs", {}).items() if spec.get("synthetic")]
-    if synthetic:  # what the step there is: the caches' parts, not their records
-        parts = max(results["specs"][str(n)].get("parts", 0) for n in synthetic)
-        axes.axvspan(min(synthetic) / 1.5, max(synthetic) * 1.5, color="grey", alpha=0.08)
-        axes.text(min(synthetic) / 1.4, 0.08, f"synthetic caches of {parts:,} parts: O(parts)", fontsize=7)
-    axes.grid(True, which="both", alpha=0.3)
-    axes.legend(fontsize=7, ncol=2)
-    figure.tight_layout()
-    figure.savefig(path)
-    log(f"plot written to {path}")
+    title = "Per-process memory against dataset size (x: failed, over 4 GiB or 60 s)"
+    with _plot.figure(path, title=title, xlabel="records in the dataset", ylabel="memory growth per process (MB)",
+                      logx=True, logy=True) as axes:
+        series = [(f"yogacache {row}", by, "-") for row, by in results["rows"].items() if row != "shard"]
+        series.append(("yogacache shard (YogaDL's order)", results["rows"].get("shard", {}), ":"))
+        series += [(peer, by, "--") for peer, by in results["peers"].items()]
+        for label, by_size, style in series:
+            done = sorted((int(n), r) for n, r in by_size.items())
+            points = [(n, max(r["growth"], 64 * 1024) / MB) for n, r in done if "error" not in r and "growth" in r]
+            if not points:
+                continue
+            line = axes.plot(*zip(*points), style, marker="o", label=label)[0]
+            failed = [n for n, r in done if "error" in r]
+            if failed:
+                axes.plot([failed[0]], [4096], "x", color=line.get_color(), markersize=10)
+        synthetic = [int(n) for n, spec in results.get("specs", {}).items() if spec.get("synthetic")]
+        if synthetic:  # what the step there is: the caches' parts, not their records
+            parts = max(results["specs"][str(n)].get("parts", 0) for n in synthetic)
+            axes.axvspan(min(synthetic) / 1.5, max(synthetic) * 1.5, color="grey", alpha=0.08)
+            axes.text(min(synthetic) / 1.4, 0.08, f"synthetic caches of {parts:,} parts: O(parts)", fontsize=7)
 
 
 def merge(paths: list[str]) -> dict[str, Any]:

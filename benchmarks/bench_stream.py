@@ -31,7 +31,7 @@ at the link rate + 0.5 s, and ahead of MosaicML's; epoch 1 >= 0.9x of the link; 
 at most dataset - budget + one part.
 
 Usage: ``.venv/bin/python benchmarks/bench_stream.py [--size 1Gi] [--rates 50M,200M]
-[--part-bytes 64Mi] [--rows parts,global,none,mds,litdata] [--no-peers]`` (the peers run in
+[--part-bytes 64Mi] [--rows parts,global,none,mds,litdata] [--no-peers] [--plot first-batch.png]`` (the peers run in
 ``benchmarks/.venv-peers``, made by ``bench_torch.py``). One run; the numbers are as noisy as the
 machine, whose load average the notes give.
 """
@@ -158,6 +158,7 @@ def main() -> None:
                         help=f"rows to measure, of {', '.join([*YOGACACHE_ROWS, *PEER_ROWS])}")
     parser.add_argument("--no-peers", action="store_true", help="measure yogacache only")
     parser.add_argument("--peers-venv", default=str(PEERS_VENV), help=f"the peers' virtualenv; default {PEERS_VENV}")
+    parser.add_argument("--plot", metavar="PNG", help="also draw the first batch's time against the link rate")
     args = parser.parse_args()
     size = parse(args.size)
     rates = [parse(rate) for rate in args.rates.split(",")]
@@ -242,6 +243,26 @@ def main() -> None:
         print_table(tables[rate], records, rate, budget, largest, links.get(rate))
     for note in notes:
         print(f"note: {note}")
+    if args.plot:
+        plot_first_batch(tables, largest, args.plot)
+
+
+def plot_first_batch(tables: dict[int, dict[str, dict[str, Any]]], part: int, path: str) -> None:
+    """Seconds to the first batch against the link rate, one line per row, beside the target (one
+    part's fetch at that rate + 0.5 s) and the part's fetch alone: the gap to the fetch line is the
+    fixed cost of opening, the workers' start and the first collation."""
+    import _plot
+
+    rates = sorted(tables)
+    title = f"First shuffled batch from an empty node, parts of {part / 2**20:.0f} MiB, 2 DataLoader workers"
+    with _plot.figure(path, title=title, xlabel="link rate (MB/s)", ylabel="seconds to the first batch",
+                      logx=True, logy=True) as axes:
+        for label in dict.fromkeys(label for rate in rates for label in tables[rate]):
+            points = [(rate / 1e6, tables[rate][label]["first_batch"]) for rate in rates if label in tables[rate]]
+            axes.plot(*zip(*points), "-" if label.startswith("yogacache") else "--", marker="o", label=label)
+        axes.plot([r / 1e6 for r in rates], [part / r + 0.5 for r in rates], "k:", label="target: one part + 0.5 s")
+        axes.plot([r / 1e6 for r in rates], [part / r for r in rates], color="grey", linewidth=0.8,
+                  label="one part's fetch")
 
 
 def measure_link(client: Any, bucket: str, endpoint: str, rate: int) -> float:

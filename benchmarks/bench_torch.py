@@ -27,6 +27,10 @@ yogacache is still measured.
 Usage::
 
     .venv/bin/python benchmarks/bench_torch.py [--quick] [--workloads small,large] [--out results.json]
+        [--workers 0,1,2,4 --plot docs/img/torch-workers.png]
+
+``--workers`` with a list reads every row at each worker count (the table's rows; the ratios
+against the best peer are at the same count); ``--plot`` draws records/s against workers.
 """
 
 from __future__ import annotations
@@ -242,17 +246,32 @@ def measure_workload(
         log(f"[{workload}] building {name}")
         try:
             builds[kind] = run_json(
-                [peers, PEERS_WORKER, "build", kind, "--dir", peer_dirs[kind], "--workers", str(args.workers)] + common,
+                [peers, PEERS_WORKER, "build", kind, "--dir", peer_dirs[kind], "--workers", str(max(args.workers))]
+                + common,
                 os.path.join(logs, f"{workload}-build-{kind}.log"), args.timeout,
             )
         except RuntimeError as error:
             peer_errors[kind] = str(error)
 
-    reading = ["--batch", str(args.batch), "--workers", str(args.workers), "--epochs", str(args.epochs)]
+    for workers in args.workers:
+        rows += read_rows(workload, workers, common, args, yc_dir, peer_dirs, peers, peer_errors, logs, env)
+    return {"records": records, "record_bytes": record_bytes, "builds": builds, "rows": rows}
+
+
+def read_rows(
+    workload: str, workers: int, common: list[str], args: argparse.Namespace, yc_dir: str, peer_dirs: dict[str, str],
+    peers: Optional[str], peer_errors: dict[str, str], logs: str, env: dict[str, str],
+) -> list[dict[str, Any]]:
+    """Every reader's row at one DataLoader worker count."""
+    me = [sys.executable, os.path.abspath(__file__), "--worker"]
+    records = int(common[common.index("--records") + 1])
+    record_bytes = math.prod(_data.WORKLOADS[workload]["shape"]) + 8
+    reading = ["--batch", str(args.batch), "--workers", str(workers), "--epochs", str(args.epochs)]
+    rows: list[dict[str, Any]] = []
     for label, mode, batched in YOGACACHE_READERS:
-        log(f"[{workload}] reading: {label}")
+        log(f"[{workload}] reading with {workers} workers: {label}")
         command = me + ["read", "--dir", yc_dir, "--mode", mode] + (["--batched"] if batched else []) + common + reading
-        tag = f"{workload}-read-yogacache-{mode}-{'batched' if batched else 'records'}"
+        tag = f"{workload}-read-yogacache-{mode}-{'batched' if batched else 'records'}-w{workers}"
         try:
             result = run_json(command, os.path.join(logs, tag + ".log"), args.timeout, env)
             rows.append(rate_row(label, result, records, record_bytes))
@@ -262,16 +281,16 @@ def measure_workload(
         if kind in peer_errors:
             rows.append({"reader": name, "error": peer_errors[kind]})
             continue
-        log(f"[{workload}] reading: {name}")
+        log(f"[{workload}] reading with {workers} workers: {name}")
         try:
             result = run_json(
                 [peers or "", PEERS_WORKER, "read", kind, "--dir", peer_dirs[kind]] + common + reading,
-                os.path.join(logs, f"{workload}-read-{kind}.log"), args.timeout,
+                os.path.join(logs, f"{workload}-read-{kind}-w{workers}.log"), args.timeout,
             )
             rows.append(rate_row(name, result, records, record_bytes))
         except RuntimeError as error:
             rows.append({"reader": name, "error": str(error)})
-    return {"records": records, "record_bytes": record_bytes, "builds": builds, "rows": rows}
+    return [{**row, "workers": workers} for row in rows]
 
 
 def global_over_shard(rates: dict[str, Any], kind: str) -> str:
@@ -282,20 +301,20 @@ def global_over_shard(rates: dict[str, Any], kind: str) -> str:
 
 def format_table(results: dict[str, Any]) -> str:
     lines = [
-        "| workload | reader | records/s | MiB/s | epoch (s) | first batch (s) | vs best peer |",
-        "|---|---|---:|---:|---:|---:|---:|",
+        "| workload | workers | reader | records/s | MiB/s | epoch (s) | first batch (s) | vs best peer |",
+        "|---|---:|---|---:|---:|---:|---:|---:|",
     ]
     for workload, result in results["workloads"].items():
-        peer_rows = [r for r in result["rows"] if not r["reader"].startswith("yogacache")]
-        peer_rates = [r["records_per_s"] for r in peer_rows if "records_per_s" in r]
-        best_peer = max(peer_rates) if peer_rates else None
         for row in result["rows"]:
+            workers = row.get("workers", "")
             if "error" in row:
-                lines.append(f"| {workload} | {row['reader']} | — | — | — | — | {row['error'][:160]} |")
+                lines.append(f"| {workload} | {workers} | {row['reader']} | — | — | — | — | {row['error'][:160]} |")
                 continue
-            ratio = f"{row['records_per_s'] / best_peer:.2f}x" if best_peer else "—"
+            peer_rates = [r["records_per_s"] for r in result["rows"] if not r["reader"].startswith("yogacache")
+                          and r.get("workers") == row.get("workers") and "records_per_s" in r]
+            ratio = f"{row['records_per_s'] / max(peer_rates):.2f}x" if peer_rates else "—"
             lines.append(
-                f"| {workload} | {row['reader']} | {row['records_per_s']:,.0f} | {row['mib_per_s']:,.0f} | "
+                f"| {workload} | {workers} | {row['reader']} | {row['records_per_s']:,.0f} | {row['mib_per_s']:,.0f} | "
                 f"{row['epoch_s']:.2f} | {row['first_batch_s']:.2f} | {ratio} |"
             )
     lines.append("")
@@ -305,7 +324,8 @@ def format_table(results: dict[str, Any]) -> str:
     )
     lines.append("|---|---:|---:|---|")
     for workload, result in results["workloads"].items():
-        rates = {r["reader"]: r.get("records_per_s") for r in result["rows"]}
+        most = max(r.get("workers", 0) for r in result["rows"])  # the ratios at the most workers
+        rates = {r["reader"]: r.get("records_per_s") for r in result["rows"] if r.get("workers", 0) == most}
         builds = result["builds"]
         build = " / ".join(
             f"{builds[k]['seconds']:.1f}" if k in builds else "—" for k in ("yogacache", "mds", "litdata")
@@ -324,13 +344,15 @@ def main() -> None:
     parser.add_argument("--workloads", default="small,large", help="comma-separated subset of: small, large")
     parser.add_argument("--epochs", type=int, default=3, help="epochs per reader, best reported (default 3)")
     parser.add_argument("--batch", type=int, default=_data.BATCH)
-    parser.add_argument("--workers", type=int, default=2, help="DataLoader workers (default 2)")
+    parser.add_argument("--workers", type=lambda text: [int(n) for n in text.split(",")], default=[2],
+                        help="DataLoader workers (default 2); a list such as 0,1,2,4 reads every row at each")
     parser.add_argument("--workdir", help="where data is built (default: a new temp dir, removed unless --keep)")
     parser.add_argument("--keep", action="store_true")
     parser.add_argument("--no-peers", action="store_true", help="measure yogacache only")
     parser.add_argument("--peers-venv", default=DEFAULT_PEERS_VENV)
     parser.add_argument("--timeout", type=float, default=900, help="per worker process, seconds")
     parser.add_argument("--out", help="also write every number as JSON")
+    parser.add_argument("--plot", metavar="PNG", help="also draw records/s against DataLoader workers (matplotlib)")
     args = parser.parse_args()
 
     peers, peers_why = (None, "--no-peers") if args.no_peers else peers_python(args.peers_venv)
@@ -351,13 +373,33 @@ def main() -> None:
             log(f"kept {workdir}")
         else:
             shutil.rmtree(workdir, ignore_errors=True)
-    print(f"Machine: {results['machine']}; batch {args.batch}, {args.workers} DataLoader workers, one rank, "
+    workers = ", ".join(map(str, args.workers))
+    print(f"Machine: {results['machine']}; batch {args.batch}, {workers} DataLoader workers, one rank, "
           f"best of {args.epochs} epochs{' (quick)' if args.quick else ''}")
     print(f"Peers: {results['peers']}\n")
     print(format_table(results))
     if args.out:
         with open(args.out, "w") as f:
             json.dump(results, f, indent=2)
+    if args.plot:
+        plot_workers(results, args.plot)
+
+
+def plot_workers(results: dict[str, Any], path: str) -> None:
+    """Records/s against DataLoader workers, one line per reader and workload: where a line flattens,
+    the loader's workers no longer add throughput (on this machine's cores)."""
+    import _plot
+
+    title = f"Shuffled epoch through a DataLoader against its workers ({results['machine']})"
+    with _plot.figure(path, title=title, xlabel="DataLoader workers", ylabel="records/s (best epoch)",
+                      logy=True) as axes:
+        for style, (workload, result) in zip(("-", "--", ":"), results["workloads"].items()):
+            for reader in dict.fromkeys(row["reader"] for row in result["rows"]):
+                points = [(row["workers"], row["records_per_s"]) for row in result["rows"]
+                          if row["reader"] == reader and "records_per_s" in row]
+                if points:
+                    axes.plot(*zip(*sorted(points)), style, marker="o", label=f"{workload}: {reader}")
+        axes.set_xticks(sorted({row["workers"] for result in results["workloads"].values() for row in result["rows"]}))
 
 
 if __name__ == "__main__":
