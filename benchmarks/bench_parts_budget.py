@@ -9,8 +9,13 @@ docs/streaming.md promises: epoch 1 at most D + 1 parts (D: the cache's parts; o
 next epoch's first part, fetched ahead), epoch 2 at most (D - B) + 1 (B: the parts the budget
 holds). Every epoch's records are checked: each record once, with its own values.
 
+``--workers 0,2,8`` reads each row at each count of DataLoader workers (0: in this process;
+otherwise ``CacheIterableDataset`` through ``CacheDataLoader``, batches of ``--read-records``):
+the promise is the node's, whatever number of readers share its budget (issue 36 item 1).
+Downloads are counted in every process (forked workers append to one log).
+
 Usage: ``.venv/bin/python benchmarks/bench_parts_budget.py [--backend s3|file] [--epochs 2]
-[--runs 3] [--windows 1,2,4] [--read-records 16]``
+[--runs 3] [--windows 1,2,4] [--read-records 16] [--workers 0,2,8]``
 """
 
 from __future__ import annotations
@@ -22,7 +27,6 @@ import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import uuid
 from pathlib import Path
@@ -79,40 +83,68 @@ def start_moto() -> tuple[subprocess.Popen[bytes], str]:
 
 
 class Downloads:
-    """Counts this process's part downloads (``StreamingParts._download`` calls that finished)."""
+    """Counts part downloads (``StreamingParts._download`` calls that finished) in this process and
+    its forked DataLoader workers: each appends a line to one log file."""
 
-    def __init__(self) -> None:
-        self.count = 0
-        lock = threading.Lock()
+    def __init__(self, log: Path) -> None:
+        self.log = log
+        log.touch()
         original = streaming.StreamingParts._download
 
         def counted(provider: Any, index: int, temp: Path, stopping: Any = None) -> None:
             original(provider, index, temp, stopping)
-            with lock:
-                self.count += 1
+            with open(log, "a") as f:  # O_APPEND: one whole line per write, from any process
+                f.write(f"{os.getpid()} {index}\n")
 
         streaming.StreamingParts._download = counted  # type: ignore[method-assign, assignment]
 
+    @property
+    def count(self) -> int:
+        with open(self.log) as f:
+            return sum(1 for _ in f)
 
-def read_epochs(store: RemoteCacheStore, options: ReadOptions, epochs: int, downloads: Downloads) -> list[int]:
+
+def read_epochs(
+    store: RemoteCacheStore, options: ReadOptions, epochs: int, downloads: Downloads, workers: int = 0
+) -> list[int]:
     """The part downloads of each epoch; every epoch's records checked against the dataset."""
     reader = store.open(DS, VER)
     try:
-        stream = read_stream(reader, options)
+        stream = read_stream(reader, options) if not workers else loader_epochs(reader, options, workers)
         fetched = []
         for epoch in range(1, epochs + 1):
             before = downloads.count
             labels = []
             for array, label in stream:
-                if not (array == label).all():
-                    raise SystemExit(f"epoch {epoch}: record {label} holds the wrong values")
-                labels.append(int(label))
+                if not (np.asarray(array) == np.asarray(label).reshape(-1, *[1] * (np.ndim(array) - 1))).all():
+                    raise SystemExit(f"epoch {epoch}: a record of {label} holds the wrong values")
+                labels.extend(np.asarray(label).reshape(-1).tolist())
             if sorted(labels) != list(range(RECORDS)):
                 raise SystemExit(f"epoch {epoch}: read {len(labels)} records, not each of {RECORDS} once")
             fetched.append(downloads.count - before)
         return fetched
     finally:
         reader.close()
+
+
+def loader_epochs(reader: Any, options: ReadOptions, workers: int) -> Any:
+    """An iterable whose each pass is the next epoch, read by a DataLoader's ``workers`` (batches)."""
+    from yogacache.dataref import CacheDataRef
+    from yogacache.torch import CacheDataLoader, CacheIterableDataset
+
+    read = pipeline.ReadSizes.for_records().full
+    dataset = CacheIterableDataset.from_options(CacheDataRef(reader), options, batch_size=read, output="numpy")
+    loader = CacheDataLoader(dataset, batch_size=read, num_workers=workers, multiprocessing_context="fork")
+
+    class Epochs:
+        epoch = 0
+
+        def __iter__(self) -> Any:
+            dataset.set_epoch(self.epoch)
+            self.epoch += 1
+            return iter(loader)
+
+    return Epochs()
 
 
 def main(argv: Optional[list[str]] = None) -> None:
@@ -122,14 +154,15 @@ def main(argv: Optional[list[str]] = None) -> None:
     parser.add_argument("--runs", type=int, default=3, help="fresh nodes per row (each run's count shown)")
     parser.add_argument("--windows", default=f"1,2,{DEFAULT_PARTS_WINDOW}")
     parser.add_argument("--read-records", type=int, default=16, help="records per read")
+    parser.add_argument("--workers", default="0", help="DataLoader worker counts, each a row (0: in this process)")
     args = parser.parse_args(argv)
     read = args.read_records
     pipeline.ReadSizes.for_records = classmethod(  # type: ignore[method-assign, assignment]
         lambda cls, *cache: cls(full=read, first=read)
     )
 
-    downloads = Downloads()
     work = Path(tempfile.mkdtemp(prefix="bench-parts-budget-"))
+    downloads = Downloads(work / "downloads.log")
     moto: Optional[subprocess.Popen[bytes]] = None
     try:
         objects: Callable[[], ObjectStore]
@@ -165,16 +198,21 @@ def main(argv: Optional[list[str]] = None) -> None:
               f"parts ({manifest.total_size_bytes} bytes) on {args.backend}, budget of half (B = {budget_parts} "
               f"parts), reads of {read} records; promised: epoch 1 <= {parts + 1}, epoch 2 <= "
               f"{parts - budget_parts + 1}\n")
-        print("| order | " + " | ".join(f"epoch {e}" for e in range(1, args.epochs + 1)) + " |")
-        print("|---|" + "---:|" * args.epochs)
+        promised = [parts + 1] + [parts - budget_parts + 1] * (args.epochs - 1)
+        print("| order | workers | " + " | ".join(f"epoch {e}" for e in range(1, args.epochs + 1)) + " | promise |")
+        print("|---|---:|" + "---:|" * args.epochs + "---|")
         for name, options in rows:
-            runs = []
-            for run in range(args.runs):  # a fresh node and another seed each run
-                node = work / f"node-{uuid.uuid4().hex[:8]}"
-                store = RemoteCacheStore(objects(), node, show_progress=False, streaming=True, local_cache_limit=limit)
-                runs.append(read_epochs(store, options(SEED + run), args.epochs, downloads))
-            cells = [" / ".join(str(run[e]) for run in runs) for e in range(args.epochs)]
-            print(f"| {name} | " + " | ".join(cells) + " |", flush=True)
+            for workers in (int(w) for w in args.workers.split(",")):
+                runs = []
+                for run in range(args.runs):  # a fresh node and another seed each run
+                    node = work / f"node-{uuid.uuid4().hex[:8]}"
+                    store = RemoteCacheStore(objects(), node, show_progress=False, streaming=True,
+                                             local_cache_limit=limit)
+                    runs.append(read_epochs(store, options(SEED + run), args.epochs, downloads, workers))
+                cells = [" / ".join(str(run[e]) for run in runs) for e in range(args.epochs)]
+                kept = all(run[e] <= promised[e] for run in runs for e in range(args.epochs))
+                print(f"| {name} | {workers} | " + " | ".join(cells) + f" | {'kept' if kept else 'MISSED'} |",
+                      flush=True)
     finally:
         if moto is not None:
             moto.terminate()
