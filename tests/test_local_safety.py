@@ -389,8 +389,10 @@ def test_open_during_rebuilds_reads_one_whole_build(
     if not exchange:
         monkeypatch.setattr(durability, "_rename_exchange", lambda a, b: False)
     root = tmp_path / "caches"
-    builder = CacheStore(root, show_progress=False, part_size_bytes=600)
-    n = 200
+    # Parts of about 100 records (a part file is never larger than part_size_bytes, LMDB's
+    # pages counted): a build takes milliseconds, so the 30 rebuilds race many opens.
+    builder = CacheStore(root, show_progress=False, part_size_bytes=24_576)
+    n = 400
 
     def build_number(k: int) -> list[dict[str, np.int64]]:  # every build has the same sizes
         return [{"x": np.int64(k * 1000 + i)} for i in range(n)]

@@ -32,7 +32,7 @@ from yogacache.storage import LFSConfigurations, LFSStorage
 from yogacache.store.local import CacheStore
 
 REPO = Path(__file__).resolve().parent.parent
-SMALL_PART = 16 << 10  # several parts per shard
+SMALL_PART = 32 << 10  # several parts per shard (a part file never grows past it: 16 KiB held one record)
 
 
 def element(i: int) -> dict[str, Any]:
