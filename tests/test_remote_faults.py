@@ -43,7 +43,7 @@ PREFIX = "caches"
 DS, VER = "faults", "v1"
 N = 48
 OLD, NEW = 0, 1000  # value offsets of build 1 and build 2
-PART_SIZE = 16 << 10  # several parts per cache
+PART_SIZE = 32 << 10  # several parts per cache (about 8 records a part; 16 KiB held one)
 FAST = RetryPolicy(attempts=3, base_delay=0.01, max_delay=0.05)
 MANIFEST_PATH = f"{PREFIX}/{DS}/{VER}/{MANIFEST_NAME}"
 
