@@ -4,6 +4,8 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip --disable-pip-version-check
 PYTEST_ARGS ?=
+# make test runs the suite on this many pytest-xdist workers, each with its own servers on free ports.
+TEST_WORKERS ?= 2
 
 # The inner loop: the pure-logic tests (orders, resume states, mixtures, codec, names, secrets,
 # budgets), no emulator, about 1.5 minutes on 2 cores. `make test` remains the whole suite.
@@ -36,7 +38,7 @@ $(VENV)/azurite/.installed: $(VENV)/bin/python
 	touch $@
 
 test: $(VENV)/.installed-dev $(VENV)/azurite/.installed
-	AZURITE_BLOB=$(abspath $(VENV))/azurite/node_modules/.bin/azurite-blob $(PY) -m pytest $(PYTEST_ARGS)
+	AZURITE_BLOB=$(abspath $(VENV))/azurite/node_modules/.bin/azurite-blob $(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 test-fast: $(VENV)/.installed-dev
 	$(PY) -m pytest -q -m "not slow" $(FAST_TESTS) $(PYTEST_ARGS)

@@ -25,3 +25,41 @@ def private_default_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Pat
 
 
 pytest_plugins = ["tests.servers"]
+
+
+# `YOGACACHE_TEST_TIMES=FILE make test`: each test file's wall and CPU seconds (the worker's own
+# and its waited-for children's), one JSON line per file and worker appended to FILE: where the
+# suite's time goes (docs/development.md).
+_file_times: dict[str, list[float]] = {}
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: object) -> object:
+    if not os.environ.get("YOGACACHE_TEST_TIMES"):
+        yield
+        return
+    import resource
+    import time
+
+    def cpu() -> float:
+        own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+        return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+    wall, used = time.monotonic(), cpu()
+    yield
+    spent = _file_times.setdefault(item.nodeid.split("::")[0], [0.0, 0.0, 0])
+    spent[0] += time.monotonic() - wall
+    spent[1] += cpu() - used
+    spent[2] += 1
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    path = os.environ.get("YOGACACHE_TEST_TIMES")
+    if path and _file_times:
+        import json
+
+        worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+        with open(path, "a") as out:
+            for name, (wall, used, count) in _file_times.items():
+                line = {"file": name, "worker": worker, "wall": wall, "cpu": used, "tests": count}
+                out.write(json.dumps(line) + "\n")

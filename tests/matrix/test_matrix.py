@@ -30,6 +30,10 @@ Per cell:
 
 A failing cell's id is its coordinates. Combinations that cannot exist are listed with their
 reasons in ``cells.EXCLUDED``.
+
+The cells of the object stores S3 and Azure run in ``test_matrix_clouds.py`` (``run_cell`` is
+shared), so that pytest-xdist's ``--dist loadfile`` (``make test``) runs the two halves of the
+matrix on two workers, each module with its own ``world``.
 """
 
 from __future__ import annotations
@@ -401,9 +405,22 @@ def _param(cell: Cell) -> Any:
     return pytest.param(cell, id=cell.id, marks=marks)
 
 
+#: The stores whose cells run in ``test_matrix_clouds.py``.
+CLOUD_HALF = ("s3", "azure")
+
+
+def cell_params(*, clouds: bool) -> list[Any]:
+    """The cells of one half of the matrix: those on ``CLOUD_HALF``'s stores, or the others."""
+    return [_param(cell) for cell in CELLS + list(EXTRA_CELLS) if (cell.store in CLOUD_HALF) == clouds]
+
+
 @pytest.mark.timeout(420)
-@pytest.mark.parametrize("cell", [_param(cell) for cell in CELLS + list(EXTRA_CELLS)])
+@pytest.mark.parametrize("cell", cell_params(clouds=False))
 def test_cell(cell: Cell, world: World, request: pytest.FixtureRequest, tmp_path: Path) -> None:
+    run_cell(cell, world, request, tmp_path)
+
+
+def run_cell(cell: Cell, world: World, request: pytest.FixtureRequest, tmp_path: Path) -> None:
     if cell.consumer == "ray":
         world.cloud("gcs", request)  # its proxy first: Ray's workers take STORAGE_EMULATOR_HOST at ray.init
         ensure_ray(world)
