@@ -5,6 +5,7 @@ with internal links that resolve."""
 
 from __future__ import annotations
 
+import base64
 import functools
 import http.server
 import json
@@ -246,6 +247,21 @@ def resolves(url: str) -> bool:
         return False
 
 
+# `YOGACACHE_DOCS_SCREENSHOTS=DIR`: the browser check also saves each page as DIR/<page>.png,
+# 1280x800 (docs/img/site/ holds one page of each section of the site, made so).
+SCREENSHOTS = os.environ.get("YOGACACHE_DOCS_SCREENSHOTS")
+
+
+def save_screenshot(browser: DevTools, page: str) -> None:
+    if not SCREENSHOTS:
+        return
+    browser.call("Emulation.setDeviceMetricsOverride", width=1280, height=800, deviceScaleFactor=1, mobile=False)
+    shot = browser.call("Page.captureScreenshot", format="png")
+    out = Path(SCREENSHOTS) / (page.removesuffix(".html").replace("/", "_") + ".png")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_bytes(base64.b64decode(shot["data"]))
+
+
 LINKS_AND_IDS = """JSON.stringify({
   links: [...document.querySelectorAll('a[href]')].map(a => a.href),
   ids: [...document.querySelectorAll('[id]')].map(e => e.id),
@@ -267,6 +283,7 @@ def test_every_page_loads_in_chromium_with_no_console_error_and_links_that_resol
         browser.wait_for("Page.loadEventFired")
         browser.drain()
         problems += [f"{page}: console: {error}" for error in errors_in(browser.events)]
+        save_screenshot(browser, page)
         answer = browser.call("Runtime.evaluate", expression=LINKS_AND_IDS, returnByValue=True)
         found = json.loads(answer["result"]["value"])
         path = urllib.parse.urlsplit(url).path
