@@ -17,11 +17,11 @@ def figure(path: str, *, title: str, xlabel: str, ylabel: str, logx: bool = Fals
 
     drawn, axes = plt.subplots(figsize=(8, 4.8), dpi=110)
     axes.set_prop_cycle(color=plt.get_cmap("tab20").colors)
-    yield axes
     if logx:
         axes.set_xscale("log")
     if logy:
         axes.set_yscale("log")
+    yield axes
     axes.set_xlabel(xlabel)
     axes.set_ylabel(ylabel)
     axes.set_title(title)

@@ -263,6 +263,8 @@ def plot_first_batch(tables: dict[int, dict[str, dict[str, Any]]], part: int, pa
         axes.plot([r / 1e6 for r in rates], [part / r + 0.5 for r in rates], "k:", label="target: one part + 0.5 s")
         axes.plot([r / 1e6 for r in rates], [part / r for r in rates], color="grey", linewidth=0.8,
                   label="one part's fetch")
+        axes.set_xticks([r / 1e6 for r in rates], [f"{r / 1e6:.0f}" for r in rates])
+        axes.minorticks_off()
 
 
 def measure_link(client: Any, bucket: str, endpoint: str, rate: int) -> float:
