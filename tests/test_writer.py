@@ -461,7 +461,8 @@ def test_a_build_hides_the_existing_heap_from_the_collector_and_gives_it_back(tm
 
     def records() -> Iterator[dict[str, Any]]:
         for i in range(100):
-            counts.append(gc.get_freeze_count())
+            if i in (0, 50, 99):  # the count walks the frozen heap: a few looks, not one per record
+                counts.append(gc.get_freeze_count())
             yield {"i": np.int64(i)}
 
     assert gc.get_freeze_count() == 0
