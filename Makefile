@@ -6,6 +6,7 @@ PIP    := $(PY) -m pip --disable-pip-version-check
 PYTEST_ARGS ?=
 # make test runs the suite on this many pytest-xdist workers, each with its own servers on free ports.
 TEST_WORKERS ?= 2
+AZURITE := $(abspath $(VENV))/azurite/node_modules/.bin/azurite-blob
 
 # The inner loop: the pure-logic tests (orders, resume states, mixtures, codec, names, secrets,
 # budgets), no emulator, about 1.5 minutes on 2 cores. `make test` remains the whole suite.
@@ -37,8 +38,11 @@ $(VENV)/azurite/.installed: $(VENV)/bin/python
 	npm install --prefix $(VENV)/azurite azurite@3 --no-audit --no-fund --loglevel=error
 	touch $@
 
+# Everything: on pytest-xdist's workers, then the timing-sensitive tests alone (the "serial"
+# marker in pyproject.toml).
 test: $(VENV)/.installed-dev $(VENV)/azurite/.installed
-	AZURITE_BLOB=$(abspath $(VENV))/azurite/node_modules/.bin/azurite-blob $(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
+	AZURITE_BLOB=$(AZURITE) $(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile -m "not serial" $(PYTEST_ARGS)
+	AZURITE_BLOB=$(AZURITE) $(PY) -m pytest -m serial $(PYTEST_ARGS)
 
 test-fast: $(VENV)/.installed-dev
 	$(PY) -m pytest -q -m "not slow" $(FAST_TESTS) $(PYTEST_ARGS)
