@@ -1,6 +1,7 @@
 """Parts fetched per epoch by a streamed reader under a budget of half the cache.
 
-A cache of 16 small parts (64 records of 4 KiB each) is published to a bucket of moto's S3
+A cache of 1,024 records of 4 KiB in small parts (256 KiB files, LMDB's pages counted: about
+25 records, 41 parts) is published to a bucket of moto's S3
 server (started here; or to a directory with ``--backend file``), then read by one in-process
 reader, two epochs, under a ``local_cache_limit`` of half the cache's bytes, in reads of 16
 records (``--read-records``; real records are larger than 4 KiB, so a read holds far fewer
@@ -50,7 +51,7 @@ from yogacache.store import streaming
 from yogacache.store.remote import RemoteCacheStore
 
 RECORDS = 1024
-PART_BYTES = 256 << 10  # 16 parts of 64 records of 4 KiB
+PART_BYTES = 256 << 10  # part files of at most 256 KiB: 41 parts of about 25 records of 4 KiB
 DS, VER = "bench-parts-budget", "v1"
 SEED = 7  # run r shuffles with seed SEED + r
 
