@@ -248,7 +248,7 @@ def resolves(url: str) -> bool:
 
 
 # `YOGACACHE_DOCS_SCREENSHOTS=DIR`: the browser check also saves each page as DIR/<page>.png,
-# 1280x800 (docs/img/site/ holds one page of each section of the site, made so).
+# 1280x800 (docs/img/screens/ holds one page of each section of the site, made so).
 SCREENSHOTS = os.environ.get("YOGACACHE_DOCS_SCREENSHOTS")
 
 
