@@ -253,44 +253,38 @@ def measure_workload(
         except RuntimeError as error:
             peer_errors[kind] = str(error)
 
+    def read_rows(workers: int) -> list[dict[str, Any]]:
+        """Every reader's row at one DataLoader worker count."""
+        reading = ["--batch", str(args.batch), "--workers", str(workers), "--epochs", str(args.epochs)]
+        found: list[dict[str, Any]] = []
+        for label, mode, batched in YOGACACHE_READERS:
+            log(f"[{workload}] reading with {workers} workers: {label}")
+            batching = ["--batched"] if batched else []
+            command = me + ["read", "--dir", yc_dir, "--mode", mode] + batching + common + reading
+            tag = f"{workload}-read-yogacache-{mode}-{'batched' if batched else 'records'}-w{workers}"
+            try:
+                result = run_json(command, os.path.join(logs, tag + ".log"), args.timeout, env)
+                found.append(rate_row(label, result, records, record_bytes))
+            except RuntimeError as error:
+                found.append({"reader": label, "error": str(error)})
+        for name, kind in PEERS:
+            if kind in peer_errors:
+                found.append({"reader": name, "error": peer_errors[kind]})
+                continue
+            log(f"[{workload}] reading with {workers} workers: {name}")
+            try:
+                result = run_json(
+                    [peers or "", PEERS_WORKER, "read", kind, "--dir", peer_dirs[kind]] + common + reading,
+                    os.path.join(logs, f"{workload}-read-{kind}-w{workers}.log"), args.timeout,
+                )
+                found.append(rate_row(name, result, records, record_bytes))
+            except RuntimeError as error:
+                found.append({"reader": name, "error": str(error)})
+        return [{**row, "workers": workers} for row in found]
+
     for workers in args.workers:
-        rows += read_rows(workload, workers, common, args, yc_dir, peer_dirs, peers, peer_errors, logs, env)
+        rows += read_rows(workers)
     return {"records": records, "record_bytes": record_bytes, "builds": builds, "rows": rows}
-
-
-def read_rows(
-    workload: str, workers: int, common: list[str], args: argparse.Namespace, yc_dir: str, peer_dirs: dict[str, str],
-    peers: Optional[str], peer_errors: dict[str, str], logs: str, env: dict[str, str],
-) -> list[dict[str, Any]]:
-    """Every reader's row at one DataLoader worker count."""
-    me = [sys.executable, os.path.abspath(__file__), "--worker"]
-    records = int(common[common.index("--records") + 1])
-    record_bytes = math.prod(_data.WORKLOADS[workload]["shape"]) + 8
-    reading = ["--batch", str(args.batch), "--workers", str(workers), "--epochs", str(args.epochs)]
-    rows: list[dict[str, Any]] = []
-    for label, mode, batched in YOGACACHE_READERS:
-        log(f"[{workload}] reading with {workers} workers: {label}")
-        command = me + ["read", "--dir", yc_dir, "--mode", mode] + (["--batched"] if batched else []) + common + reading
-        tag = f"{workload}-read-yogacache-{mode}-{'batched' if batched else 'records'}-w{workers}"
-        try:
-            result = run_json(command, os.path.join(logs, tag + ".log"), args.timeout, env)
-            rows.append(rate_row(label, result, records, record_bytes))
-        except RuntimeError as error:
-            rows.append({"reader": label, "error": str(error)})
-    for name, kind in PEERS:
-        if kind in peer_errors:
-            rows.append({"reader": name, "error": peer_errors[kind]})
-            continue
-        log(f"[{workload}] reading with {workers} workers: {name}")
-        try:
-            result = run_json(
-                [peers or "", PEERS_WORKER, "read", kind, "--dir", peer_dirs[kind]] + common + reading,
-                os.path.join(logs, f"{workload}-read-{kind}-w{workers}.log"), args.timeout,
-            )
-            rows.append(rate_row(name, result, records, record_bytes))
-        except RuntimeError as error:
-            rows.append({"reader": name, "error": str(error)})
-    return [{**row, "workers": workers} for row in rows]
 
 
 def global_over_shard(rates: dict[str, Any], kind: str) -> str:
