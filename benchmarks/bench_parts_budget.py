@@ -10,10 +10,19 @@ docs/streaming.md promises: epoch 1 at most D + 1 parts (D: the cache's parts; o
 next epoch's first part, fetched ahead), epoch 2 at most (D - B) + 1 (B: the parts the budget
 holds). Every epoch's records are checked: each record once, with its own values.
 
-``--workers 0,2,8`` reads each row at each count of DataLoader workers (0: in this process;
-otherwise ``CacheIterableDataset`` through ``CacheDataLoader``, batches of ``--read-records``):
-the promise is the node's, whatever number of readers share its budget (issue 36 item 1).
+``--ranks 2`` adds rows of two ranks of one node (processes, each reading its shard, meeting
+at every epoch's end). ``--workers 0,2,8`` reads each row at each count of DataLoader workers (0: in this process;
+otherwise ``CacheIterableDataset`` through ``CacheDataLoader``, batches of ``--read-records``).
 Downloads are counted in every process (forked workers append to one log).
+
+The promise is the node's, whatever number of readers share its budget, with one term more:
+a DataLoader's workers read ``workers x prefetch_factor`` batches at once, and the parts those
+records span (S, printed per row) are all needed on the node at the same moment, so the budget
+keeps S - 1 fewer of the parts the next epoch starts with. Epoch 2 is promised at most
+(D - B) + S parts (S = 1 for one reader, the promise above). With parts of thousands of records
+S is 1 or 2; this cache's parts of 25 records make it large (8 workers reading 16 records each:
+256 records, 11 parts), which is what the rows with ``--read-records 4`` separate from the
+workers' count.
 
 Usage: ``.venv/bin/python benchmarks/bench_parts_budget.py [--backend s3|file] [--epochs 2]
 [--runs 3] [--windows 1,2,4] [--read-records 16] [--workers 0,2,8]``
@@ -22,6 +31,8 @@ Usage: ``.venv/bin/python benchmarks/bench_parts_budget.py [--backend s3|file] [
 from __future__ import annotations
 
 import argparse
+import math
+import multiprocessing
 import os
 import shutil
 import socket
@@ -46,6 +57,8 @@ except ImportError:  # yogacache before the window fitted the budget: it read wi
 
     def budget_window(window: int, layout: PartLayout, budget_bytes: int) -> int:
         return window
+
+
 from yogacache.read.pipeline import read_stream
 from yogacache.store import streaming
 from yogacache.store.remote import RemoteCacheStore
@@ -54,6 +67,14 @@ RECORDS = 1024
 PART_BYTES = 256 << 10  # part files of at most 256 KiB: 41 parts of about 25 records of 4 KiB
 DS, VER = "bench-parts-budget", "v1"
 SEED = 7  # run r shuffles with seed SEED + r
+
+
+PREFETCH_FACTOR = 2  # the DataLoader's default: batches each worker reads ahead
+
+
+def parts_spanned(records: int, records_per_part: float) -> int:
+    """S: the parts that ``records`` read at once span (1 for one reader reading within a part)."""
+    return max(1, math.ceil(records / records_per_part))
 
 
 def data() -> list[tuple[np.ndarray, int]]:
@@ -128,6 +149,56 @@ def read_epochs(
         reader.close()
 
 
+def read_ranks(
+    store: Callable[[], RemoteCacheStore], options: dict[str, Any], ranks: int, epochs: int, downloads: Downloads
+) -> list[int]:
+    """The part downloads of each epoch of ``ranks`` processes of one node (forked; ranks of one
+    job, ``ranks_per_node`` of them, each reading its shard in this process and meeting the
+    others at the end of every epoch, as a training step's all-reduce makes them); the ranks'
+    records together checked against the dataset, each once."""
+    context = multiprocessing.get_context("fork")
+    barrier = context.Barrier(ranks + 1)
+    labels_of = context.Queue()
+
+    def rank_main(rank: int) -> None:
+        reader = store().open(DS, VER)
+        try:
+            stream = read_stream(
+                reader, ReadOptions(**options, shard_rank=rank, num_shards=ranks, ranks_per_node=ranks)
+            )
+            for _epoch in range(epochs):
+                barrier.wait()
+                labels = []
+                for array, label in stream:
+                    if not (np.asarray(array) == np.asarray(label).reshape(-1, 1)).all():
+                        labels.append(-1)  # a record with the wrong values: fails the check below
+                    labels.extend(np.asarray(label).reshape(-1).tolist())
+                labels_of.put(labels)
+                barrier.wait()
+        finally:
+            reader.close()
+
+    processes = [context.Process(target=rank_main, args=(rank,), daemon=True) for rank in range(ranks)]
+    for process in processes:
+        process.start()
+    fetched = []
+    try:
+        for epoch in range(1, epochs + 1):
+            barrier.wait(timeout=600)
+            before = downloads.count
+            labels = [label for _ in range(ranks) for label in labels_of.get(timeout=600)]
+            barrier.wait(timeout=600)
+            if sorted(labels) != list(range(RECORDS)):
+                raise SystemExit(f"epoch {epoch}: {ranks} ranks read {len(labels)} records, not each of {RECORDS} once")
+            fetched.append(downloads.count - before)
+    finally:
+        for process in processes:
+            process.join(timeout=60)
+            if process.is_alive():
+                process.kill()
+    return fetched
+
+
 def loader_epochs(reader: Any, options: ReadOptions, workers: int) -> Any:
     """An iterable whose each pass is the next epoch, read by a DataLoader's ``workers`` (batches)."""
     from yogacache.dataref import CacheDataRef
@@ -156,6 +227,7 @@ def main(argv: Optional[list[str]] = None) -> None:
     parser.add_argument("--windows", default=f"1,2,{DEFAULT_PARTS_WINDOW}")
     parser.add_argument("--read-records", type=int, default=16, help="records per read")
     parser.add_argument("--workers", default="0", help="DataLoader worker counts, each a row (0: in this process)")
+    parser.add_argument("--ranks", default="", help="ranks of one node (processes, 0 workers each), each a row: 2")
     args = parser.parse_args(argv)
     read = args.read_records
     pipeline.ReadSizes.for_records = classmethod(  # type: ignore[method-assign, assignment]
@@ -186,34 +258,66 @@ def main(argv: Optional[list[str]] = None) -> None:
         limit = manifest.total_size_bytes // 2
         budget_parts = limit // max(part.size_bytes for part in manifest.parts)
 
-        rows: list[tuple[str, Callable[[int], ReadOptions]]] = [("sequential", lambda seed: ReadOptions())]
+        rows: list[tuple[str, Callable[[int], dict[str, Any]]]] = [("sequential", lambda seed: {})]
         layout = PartLayout.from_manifest(manifest)
         for window in (int(w) for w in args.windows.split(",")):
             name = f"`parts`, window {window}" + (" (default)" if window == DEFAULT_PARTS_WINDOW else "")
             if budget_window(window, layout, limit) < window:  # what the reader now does
                 name += f", read with {budget_window(window, layout, limit)}"
-            rows.append((name, lambda seed, window=window: ReadOptions(  # type: ignore[misc]
-                shuffle=True, shuffle_seed=seed, reshuffle_each_epoch=True, shuffle_mode="parts",
-                parts_window=window)))
-        print(f"Parts fetched per epoch, {args.runs} runs each (seeds {SEED}..{SEED + args.runs - 1}): {parts} "
-              f"parts ({manifest.total_size_bytes} bytes) on {args.backend}, budget of half (B = {budget_parts} "
-              f"parts), reads of {read} records; promised: epoch 1 <= {parts + 1}, epoch 2 <= "
-              f"{parts - budget_parts + 1}\n")
-        promised = [parts + 1] + [parts - budget_parts + 1] * (args.epochs - 1)
-        print("| order | workers | " + " | ".join(f"epoch {e}" for e in range(1, args.epochs + 1)) + " | promise |")
-        print("|---|---:|" + "---:|" * args.epochs + "---|")
+            rows.append(
+                (
+                    name,
+                    lambda seed, window=window: dict(  # type: ignore[misc]
+                        shuffle=True,
+                        shuffle_seed=seed,
+                        reshuffle_each_epoch=True,
+                        shuffle_mode="parts",
+                        parts_window=window,
+                    ),
+                )
+            )
+        print(
+            f"Parts fetched per epoch, {args.runs} runs each (seeds {SEED}..{SEED + args.runs - 1}): {parts} "
+            f"parts ({manifest.total_size_bytes} bytes) on {args.backend}, budget of half (B = {budget_parts} "
+            f"parts), reads of {read} records; promised: epoch 1 <= {parts + 1}, epoch 2 <= "
+            f"{parts - budget_parts} + S (S: the parts the records read at once span)\n"
+        )
+        print(
+            "| order | ranks x workers | records read at once | S | "
+            + " | ".join(f"epoch {e}" for e in range(1, args.epochs + 1))
+            + " | promise: epoch 1, later | |"
+        )
+        print("|---|---:|---:|---:|" + "---:|" * args.epochs + "---:|---|")
+        counts = [(1, int(w)) for w in args.workers.split(",")] + [(int(r), 0) for r in args.ranks.split(",") if r]
         for name, options in rows:
-            for workers in (int(w) for w in args.workers.split(",")):
+            for ranks, workers in counts:
+                at_once = ranks * read * (workers * PREFETCH_FACTOR if workers else 1)
+                span = parts_spanned(at_once, RECORDS / parts)
+                promised = [parts + 1] + [parts - budget_parts + span] * (args.epochs - 1)
                 runs = []
                 for run in range(args.runs):  # a fresh node and another seed each run
                     node = work / f"node-{uuid.uuid4().hex[:8]}"
-                    store = RemoteCacheStore(objects(), node, show_progress=False, streaming=True,
-                                             local_cache_limit=limit)
-                    runs.append(read_epochs(store, options(SEED + run), args.epochs, downloads, workers))
+
+                    def store(node: Path = node) -> RemoteCacheStore:
+                        return RemoteCacheStore(
+                            objects(), node, show_progress=False, streaming=True, local_cache_limit=limit
+                        )
+
+                    if ranks == 1:
+                        fetched = read_epochs(
+                            store(), ReadOptions(**options(SEED + run)), args.epochs, downloads, workers
+                        )
+                    else:
+                        fetched = read_ranks(store, options(SEED + run), ranks, args.epochs, downloads)
+                    runs.append(fetched)
                 cells = [" / ".join(str(run[e]) for run in runs) for e in range(args.epochs)]
                 kept = all(run[e] <= promised[e] for run in runs for e in range(args.epochs))
-                print(f"| {name} | {workers} | " + " | ".join(cells) + f" | {'kept' if kept else 'MISSED'} |",
-                      flush=True)
+                print(
+                    f"| {name} | {ranks} x {workers} | {at_once} | {span} | "
+                    + " | ".join(cells)
+                    + f" | {promised[0]}, {promised[-1]} | {'kept' if kept else 'MISSED'} |",
+                    flush=True,
+                )
     finally:
         if moto is not None:
             moto.terminate()
