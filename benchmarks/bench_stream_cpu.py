@@ -17,7 +17,8 @@ one stage after another, each timed with ``time.perf_counter()`` and ``time.proc
 - link ceiling, s3transfer: s3transfer's download of every part to a temporary file, with
   ``S3ObjectStore``'s client and transfer settings, its size given (no HEAD);
 - fetch: ``S3ObjectStore.download_file(key, path, size=...)`` of every part, as a streamed read
-  fetches it (its HEAD, then the GET pinned with ``If-Match``);
+  fetches it (one ranged GET; no HEAD: its size is the manifest's; a part larger than
+  ``multipart_bytes`` in ranges at once, pinned with ``If-Match``);
 - hash, BLAKE3: ``format.integrity.part_matches`` of each fetched file (as ``download_part``);
 - hash, CRC32C: ``format.checksum.crc32c_file`` of each (``Crc32c``: not on a streamed read's
   path; the cost of checking a part against the cloud's own checksum);
