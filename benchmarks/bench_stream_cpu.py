@@ -7,8 +7,10 @@ published to a ``FileObjectStore`` directory, and serves that directory as an S3
 ``_static_s3.py`` (a process of its own; bodies sent with ``sendfile`` from the page cache, where
 moto would copy the whole object per GET). Nothing is dropped from the page cache: every stage
 reads bytes already in memory, so what it measures is CPU, the server's side zero-copy. Then,
-one stage after another, each timed with ``time.perf_counter()`` and ``time.process_time()``
-(this process: every thread, user and system), with the server process's CPU from its
+one stage after another, each timed with ``time.perf_counter()`` and ``os.times()`` (this
+process: every thread, user and system apart; each stage that can run again runs three times,
+and the run of median CPU is shown: the system CPU of writing new page-cache pages varies
+several-fold from run to run in a virtual machine), with the server process's CPU from its
 ``/proc/<pid>/stat`` (or psutil) where the stage talks to it:
 
 - link ceiling, GET: boto3's ``get_object(...)["Body"]`` of every part object read in 1 MiB
@@ -120,18 +122,30 @@ class Row:
     wall: float
     cpu: float
     server_cpu: Optional[float]  # None: the stage does not talk to the server
+    user: float = 0.0  # of ``cpu``: in this process's own code and libraries
+    system: float = 0.0  # of ``cpu``: in the kernel (copies, page-cache pages, fsync)
 
 
-def measure(stage: str, size: int, work: Callable[[], int], server: Optional[StaticS3] = None) -> Row:
-    """Runs ``work`` (which returns the bytes it handled: they must be ``size``) and times it."""
+REPS = 3  # runs of each stage that can run again; the median by CPU is shown
+
+
+def measure(stage: str, size: int, work: Callable[[], int], server: Optional[StaticS3] = None, reps: int = REPS) -> Row:
+    """Runs ``work`` (which returns the bytes it handled: they must be ``size``) ``reps`` times
+    and keeps the run of median CPU."""
     log(stage)
-    served = server_cpu(server.pid) if server is not None else 0.0
-    wall, cpu = time.perf_counter(), time.process_time()
-    handled = work()
-    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
-    if handled != size:
-        raise SystemExit(f"{stage}: handled {handled} bytes, expected {size}")
-    return Row(stage, size, wall, cpu, server_cpu(server.pid) - served if server is not None else None)
+    runs = []
+    for _ in range(reps):
+        served = server_cpu(server.pid) if server is not None else 0.0
+        wall, before = time.perf_counter(), os.times()
+        handled = work()
+        wall, after = time.perf_counter() - wall, os.times()
+        if handled != size:
+            raise SystemExit(f"{stage}: handled {handled} bytes, expected {size}")
+        user, system = after.user - before.user, after.system - before.system
+        runs.append(
+            Row(stage, size, wall, user + system, server_cpu(server.pid) - served if server else None, user, system)
+        )
+    return sorted(runs, key=lambda row: row.cpu)[len(runs) // 2]
 
 
 def read_records(reader: CacheReader, heads: list[bytes]) -> int:
@@ -217,14 +231,16 @@ def measure_stages(manifest: Manifest, server: StaticS3, work: Path, heads: list
 
     def get_ceiling(write: bool) -> int:
         total = 0
-        for key, _ in parts:
+        for number, (key, _) in enumerate(parts):
             body = client.get_object(Bucket=BUCKET, Key=key)["Body"]
-            with open(work / "ceiling.tmp", "wb") if write else nullcontext() as handle:
+            # One file per part, as a fetch writes them (new page-cache pages, not one file's again).
+            with open(work / f"ceiling-{number}.tmp", "wb") if write else nullcontext() as handle:
                 while chunk := body.read(CHUNK):
                     total += len(chunk)
                     if handle is not None:
                         handle.write(chunk)
-        (work / "ceiling.tmp").unlink(missing_ok=True)
+        for number in range(len(parts)):
+            (work / f"ceiling-{number}.tmp").unlink(missing_ok=True)
         return total
 
     class KnownSize(BaseSubscriber):  # type: ignore[misc]
@@ -238,13 +254,14 @@ def measure_stages(manifest: Manifest, server: StaticS3, work: Path, heads: list
 
     def transfer_ceiling() -> int:
         total = 0
-        temp = work / "ceiling.tmp"
         # S3ObjectStore's own client and transfer settings (thread count, multipart threshold).
         with TransferManager(objects._client, objects._transfer) as manager:
-            for key, part in parts:
+            for number, (key, part) in enumerate(parts):
+                temp = work / f"ceiling-{number}.tmp"
                 manager.download(BUCKET, key, str(temp), subscribers=[KnownSize(part.size_bytes)]).result()
                 total += temp.stat().st_size
-                temp.unlink()
+        for number in range(len(parts)):
+            (work / f"ceiling-{number}.tmp").unlink()
         return total
 
     def temp(part: PartInfo) -> Path:
@@ -280,8 +297,13 @@ def measure_stages(manifest: Manifest, server: StaticS3, work: Path, heads: list
         with CacheReader(fetched, manifest, verify="size") as reader:
             return read_records(reader, heads)
 
+    nodes = iter(range(1_000_000))
+
     def end_to_end() -> int:
-        store = RemoteCacheStore(objects, work / "node", streaming=True, show_progress=False)
+        node = work / f"node-{next(nodes)}"  # an empty node each run; the last run's removed
+        for old in work.glob("node-*"):
+            shutil.rmtree(old)
+        store = RemoteCacheStore(objects, node, streaming=True, show_progress=False)
         with store.open(DS, VER) as reader:
             if not reader.streamed:
                 raise SystemExit("the end to end read did not stream")
@@ -294,11 +316,12 @@ def measure_stages(manifest: Manifest, server: StaticS3, work: Path, heads: list
         measure("fetch: S3ObjectStore.download_file(size=...)", size, fetch, server),
         measure("hash: BLAKE3 (part_matches)", size, blake3),
         measure("hash: CRC32C (crc32c_file)", size, crc32c),
-        measure("durability: chmod, fsync, rename, fsync dir", size, durability),
+        measure("durability: chmod, fsync, rename, fsync dir", size, durability, reps=1),
         measure("first read: CacheReader of the files, every record", size, first_read),
     ]
-    start = len(server.requests())
     rows.append(measure("end to end: streamed read through S3", size, end_to_end, server))
+    start = len(server.requests())
+    end_to_end()  # once more, for the requests of one streamed read
     return rows, requests_sent(server.requests()[start:])
 
 
@@ -310,7 +333,17 @@ def print_table(rows: list[Row], manifest: Manifest, streamed: str) -> None:
         f"{largest / 2**20:.1f} MiB, served by _static_s3.py (sendfile) on 127.0.0.1; every byte in the "
         "page cache (nothing dropped): CPU, not disk\n"
     )
-    header = ["stage", "GB", "wall s", "GB/s", "CPU s", "CPU s per GB", "server CPU s per GB"]
+    header = [
+        "stage",
+        "GB",
+        "wall s",
+        "GB/s",
+        "CPU s",
+        "CPU s per GB",
+        "of it user",
+        "of it system",
+        "server CPU s per GB",
+    ]
     lines = [header]
     for row in rows:
         gb = row.bytes / 1e9
@@ -323,6 +356,8 @@ def print_table(rows: list[Row], manifest: Manifest, streamed: str) -> None:
                 f"{gb / row.wall:.2f}",
                 f"{row.cpu:.3f}",
                 f"{row.cpu / gb:.3f}",
+                f"{row.user / gb:.3f}",
+                f"{row.system / gb:.3f}",
                 served,
             ]
         )
