@@ -606,13 +606,20 @@ def check_delivery(cell: Cell, order: Order, built: Built, nodes: Sequence[Node]
 
 
 def spread_parts(consumer: Any, built: Built) -> int:
-    """The parts a node's readers are apart by: DataLoader workers are readers of their own, each
-    ``PREFETCH`` batches ahead, and worker ``w`` reads every ``W``-th batch, so a node with ``W``
-    workers reads ``W x PREFETCH`` batches at once; the parts those records span may be fetched
-    again once per epoch (docs/streaming.md). None for one reader."""
-    if consumer is not TorchConsumer:
+    """S, the parts a node's readers read at once (docs/streaming.md, "What a reader fetches per
+    epoch"): DataLoader workers are readers of their own, each ``PREFETCH`` batches ahead, and
+    worker ``w`` reads every ``W``-th batch, so a node with ``W`` workers reads ``W x PREFETCH``
+    batches at once; each of grain.DataLoader's workers reads its records on
+    ``ReadOptions().num_threads`` threads at once. The parts those records span may be fetched
+    again once per epoch. None for one reader."""
+    if consumer is TorchConsumer:
+        records = TORCH_WORKERS * PREFETCH * BATCH
+    elif consumer is GrainConsumer:
+        import grain
+
+        records = GRAIN_WORKERS * grain.ReadOptions().num_threads
+    else:
         return 0
-    records = TORCH_WORKERS * PREFETCH * BATCH
     smallest = min(part.num_records for part in built.manifest.parts)
     return -(-records // max(1, smallest)) + 1
 
