@@ -313,41 +313,42 @@ class S3ObjectStore(base.CopyableObjectStore, base.PinnedObjectStore):
         if total != size:
             response["Body"].close()
             raise base.ObjectSizeError(url, size, total)
-        etag = str(response["ETag"])
+        pinned = _pin_condition(self._pin(key, size, response.get("ETag")))
         if not response.get("ContentRange"):
             covered = size  # a server that ignored the range sent the whole object in this answer
-        ranges = [(start, min(start + chunk, size)) for start in range(covered, size, chunk)]
         stop = threading.Event()  # set by the first range that fails: the others end at their next read
+        lock = threading.Lock()  # ranges count, and report progress, one write at a time
+        written = 0
         with open(path, "wb") as handle:
-            writer = base.SizedWriter(handle, url, size, progress)
-            _copy_body(response["Body"], writer.write, stop)
-            if not ranges:
-                writer.check()
-                return
-            handle.flush()  # the first range is in the file before the others write beside it
-            lock = threading.Lock()  # the writer counts, and reports progress, one write at a time
 
-            def fetch_range(start: int, end: int) -> None:
-                answer = self._client.get_object(
-                    Bucket=self.bucket, Key=self._key(key), Range=f"bytes={start}-{end - 1}", IfMatch=etag
-                )
+            def write_range(body: Any, start: int, end: int) -> None:
+                """``body`` written at ``start``; never past ``end`` (so never past ``size``)."""
                 offset = start
 
                 def write(data: bytes) -> None:
-                    nonlocal offset
-                    if offset + len(data) > end:  # more than the range asked for: never past ``size``
+                    nonlocal offset, written
+                    if offset + len(data) > end:
                         raise base.ObjectSizeError(url, size, None)
                     os.pwrite(handle.fileno(), data, offset)
                     offset += len(data)
                     with lock:
-                        writer.written += len(data)
+                        written += len(data)
                         if progress is not None:
                             progress(len(data))
 
-                _copy_body(answer["Body"], write, stop)  # fewer bytes: ``writer.check`` says so
+                _copy_body(body, write, stop)  # fewer bytes: the count below says so
 
+            def fetch_range(start: int, end: int) -> None:
+                answer = self._client.get_object(
+                    Bucket=self.bucket, Key=self._key(key), Range=f"bytes={start}-{end - 1}", **pinned
+                )
+                write_range(answer["Body"], start, end)
+
+            write_range(response["Body"], 0, covered)
             executor = _DaemonExecutor(max_workers=self._transfer.max_concurrency)
-            futures = [executor.submit(fetch_range, start, end) for start, end in ranges]
+            futures = [
+                executor.submit(fetch_range, start, min(start + chunk, size)) for start in range(covered, size, chunk)
+            ]
             try:
                 for future in futures:
                     future.result()
@@ -357,7 +358,8 @@ class S3ObjectStore(base.CopyableObjectStore, base.PinnedObjectStore):
             finally:
                 # Every range has ended before the file is closed: none writes into a reused fd.
                 executor.shutdown(wait=True)
-            writer.check()
+        if written != size:
+            raise base.ObjectSizeError(url, size, written)
 
     def list(self, prefix: str = "") -> list[ObjectInfo]:
         full = join_key(self.prefix, prefix)
@@ -434,10 +436,7 @@ class S3ObjectStore(base.CopyableObjectStore, base.PinnedObjectStore):
 
     def _get_pinned(self, pin: base.ObjectPin, **extra: Any) -> Any:
         """GetObject conditional on ``pin`` (``IfMatch``, ``VersionId``); records the version served."""
-        if pin.etag:
-            extra["IfMatch"] = f'"{pin.etag}"'
-        if pin.version_id:
-            extra["VersionId"] = pin.version_id
+        extra.update(_pin_condition(pin))
 
         def call() -> Any:
             try:
@@ -785,6 +784,16 @@ class _DaemonExecutor:
 
 
 _BODY_READ = 1 << 20  # bytes per read of a GET's body
+
+
+def _pin_condition(pin: base.ObjectPin) -> dict[str, str]:
+    """GetObject's arguments that serve ``pin``'s version or fail (``IfMatch``, ``VersionId``)."""
+    condition = {}
+    if pin.etag:
+        condition["IfMatch"] = f'"{pin.etag}"'
+    if pin.version_id:
+        condition["VersionId"] = pin.version_id
+    return condition
 
 
 def _object_size(response: dict[str, Any]) -> int:
