@@ -7,6 +7,7 @@ the YogaDL virtualenv.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 # Records in the two image workloads (full run); ``--quick`` divides by QUICK_DIVISOR.
@@ -29,6 +30,13 @@ SHARD_RANK = 0
 NUM_SHARDS = 2
 
 DATASET_VERSION = "v1"
+
+
+def parts_read_at_once(records: int, records_per_part: float) -> int:
+    """S of docs/streaming.md's promise (epoch 2 fetches at most (D - B) + S parts): the parts
+    that ``records`` read at once span (a DataLoader's workers x ``PREFETCH`` batches; 1 for one
+    reader reading within a part)."""
+    return max(1, math.ceil(records / records_per_part))
 
 
 def make_arrays(records: int, shape: tuple[int, ...], seed: int = DATA_SEED) -> tuple[Any, Any]:

@@ -31,7 +31,6 @@ Usage: ``.venv/bin/python benchmarks/bench_parts_budget.py [--backend s3|file] [
 from __future__ import annotations
 
 import argparse
-import math
 import multiprocessing
 import os
 import shutil
@@ -44,6 +43,7 @@ import uuid
 from pathlib import Path
 from typing import Any, Callable, Optional
 
+import _data
 import numpy as np
 
 from yogacache.backends.base import ObjectStore
@@ -67,14 +67,6 @@ RECORDS = 1024
 PART_BYTES = 256 << 10  # part files of at most 256 KiB: 41 parts of about 25 records of 4 KiB
 DS, VER = "bench-parts-budget", "v1"
 SEED = 7  # run r shuffles with seed SEED + r
-
-
-PREFETCH_FACTOR = 2  # the DataLoader's default: batches each worker reads ahead
-
-
-def parts_spanned(records: int, records_per_part: float) -> int:
-    """S: the parts that ``records`` read at once span (1 for one reader reading within a part)."""
-    return max(1, math.ceil(records / records_per_part))
 
 
 def data() -> list[tuple[np.ndarray, int]]:
@@ -126,6 +118,26 @@ class Downloads:
             return sum(1 for _ in f)
 
 
+def epoch_labels(stream: Any) -> list[int]:
+    """The labels of one pass of ``stream`` (arrays filled with their label, and the labels), -1
+    for a record whose values are not its label's."""
+    labels = []
+    for array, label in stream:
+        labels_here = np.asarray(label).reshape(-1)
+        right = (np.asarray(array).reshape(len(labels_here), -1) == labels_here[:, None]).all(axis=1)
+        labels.extend(np.where(right, labels_here, -1).tolist())
+    return labels
+
+
+def check_epoch(epoch: int, labels: list[int]) -> None:
+    """SystemExit unless ``labels`` (from ``epoch_labels``, of every reader of the epoch) are each
+    record's once, every record with its own values."""
+    if -1 in labels:
+        raise SystemExit(f"epoch {epoch}: {labels.count(-1)} record(s) hold the wrong values")
+    if sorted(labels) != list(range(RECORDS)):
+        raise SystemExit(f"epoch {epoch}: read {len(labels)} records, not each of {RECORDS} once")
+
+
 def read_epochs(
     store: RemoteCacheStore, options: ReadOptions, epochs: int, downloads: Downloads, workers: int = 0
 ) -> list[int]:
@@ -136,13 +148,7 @@ def read_epochs(
         fetched = []
         for epoch in range(1, epochs + 1):
             before = downloads.count
-            labels = []
-            for array, label in stream:
-                if not (np.asarray(array) == np.asarray(label).reshape(-1, *[1] * (np.ndim(array) - 1))).all():
-                    raise SystemExit(f"epoch {epoch}: a record of {label} holds the wrong values")
-                labels.extend(np.asarray(label).reshape(-1).tolist())
-            if sorted(labels) != list(range(RECORDS)):
-                raise SystemExit(f"epoch {epoch}: read {len(labels)} records, not each of {RECORDS} once")
+            check_epoch(epoch, epoch_labels(stream))
             fetched.append(downloads.count - before)
         return fetched
     finally:
@@ -168,12 +174,7 @@ def read_ranks(
             )
             for _epoch in range(epochs):
                 barrier.wait()
-                labels = []
-                for array, label in stream:
-                    if not (np.asarray(array) == np.asarray(label).reshape(-1, 1)).all():
-                        labels.append(-1)  # a record with the wrong values: fails the check below
-                    labels.extend(np.asarray(label).reshape(-1).tolist())
-                labels_of.put(labels)
+                labels_of.put(epoch_labels(stream))
                 barrier.wait()
         finally:
             reader.close()
@@ -188,8 +189,7 @@ def read_ranks(
             before = downloads.count
             labels = [label for _ in range(ranks) for label in labels_of.get(timeout=600)]
             barrier.wait(timeout=600)
-            if sorted(labels) != list(range(RECORDS)):
-                raise SystemExit(f"epoch {epoch}: {ranks} ranks read {len(labels)} records, not each of {RECORDS} once")
+            check_epoch(epoch, labels)
             fetched.append(downloads.count - before)
     finally:
         for process in processes:
@@ -291,8 +291,8 @@ def main(argv: Optional[list[str]] = None) -> None:
         counts = [(1, int(w)) for w in args.workers.split(",")] + [(int(r), 0) for r in args.ranks.split(",") if r]
         for name, options in rows:
             for ranks, workers in counts:
-                at_once = ranks * read * (workers * PREFETCH_FACTOR if workers else 1)
-                span = parts_spanned(at_once, RECORDS / parts)
+                at_once = ranks * read * (workers * _data.PREFETCH if workers else 1)
+                span = _data.parts_read_at_once(at_once, RECORDS / parts)
                 promised = [parts + 1] + [parts - budget_parts + span] * (args.epochs - 1)
                 runs = []
                 for run in range(args.runs):  # a fresh node and another seed each run

@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import shutil
 import subprocess
@@ -137,8 +136,10 @@ def measure(result: dict[str, Any], proxy: ThrottleProxy, records: int, label_su
     for number, epoch in enumerate(epochs, 1):
         got = (epoch["records"], epoch.get("label_sum", label_sum))
         if got != (records, label_sum):
-            raise RuntimeError(f"epoch {number} read {got[0]} records (label sum {got[1]}), "
-                               f"expected {records} ({label_sum}): not each record exactly once")
+            raise RuntimeError(
+                f"epoch {number} read {got[0]} records (label sum {got[1]}), "
+                f"expected {records} ({label_sum}): not each record exactly once"
+            )
     first = epochs[0]
     return {
         "first_batch": first["first_batch"],
@@ -154,10 +155,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size", default="1Gi", help="dataset size (K M G T, Ki Mi Gi Ti); default 1Gi")
     parser.add_argument("--rates", default="50M,200M", help="link rates in bytes/s; default 50M,200M")
-    parser.add_argument("--part-bytes", default=None,
-                        help=f"part / shard / chunk size; default yogacache's ({REMOTE_PART_SIZE >> 20} MiB)")
-    parser.add_argument("--rows", default=",".join([*YOGACACHE_ROWS, *PEER_ROWS]),
-                        help=f"rows to measure, of {', '.join([*YOGACACHE_ROWS, *PEER_ROWS])}")
+    parser.add_argument(
+        "--part-bytes",
+        default=None,
+        help=f"part / shard / chunk size; default yogacache's ({REMOTE_PART_SIZE >> 20} MiB)",
+    )
+    parser.add_argument(
+        "--rows",
+        default=",".join([*YOGACACHE_ROWS, *PEER_ROWS]),
+        help=f"rows to measure, of {', '.join([*YOGACACHE_ROWS, *PEER_ROWS])}",
+    )
     parser.add_argument("--no-peers", action="store_true", help="measure yogacache only")
     parser.add_argument("--peers-venv", default=str(PEERS_VENV), help=f"the peers' virtualenv; default {PEERS_VENV}")
     parser.add_argument("--plot", metavar="PNG", help="also draw the first batch's time against the link rate")
@@ -197,8 +204,10 @@ def main() -> None:
 
         log(f"building and publishing {records} records ({records * RECORD_BYTES / 2**30:.2f} GiB)")
         publisher = RemoteCacheStore(
-            S3ObjectStore(bucket, "yogacache", endpoint_url=endpoint), workdir / "builder",
-            part_size_bytes=part_bytes, show_progress=False,
+            S3ObjectStore(bucket, "yogacache", endpoint_url=endpoint),
+            workdir / "builder",
+            part_size_bytes=part_bytes,
+            show_progress=False,
         )
         manifest = publisher.get_or_build(DS, VER, lambda: make_records(records)).manifest
         shutil.rmtree(workdir / "builder")
@@ -223,12 +232,20 @@ def main() -> None:
                 try:
                     if row in YOGACACHE_ROWS:
                         label, mode, row_budget = YOGACACHE_ROWS[row]
-                        result, proxy = run_yogacache(workdir / f"node-{run}", endpoint, bucket, rate, mode,
-                                                      budget if row_budget else None, records)
+                        result, proxy = run_yogacache(
+                            workdir / f"node-{run}",
+                            endpoint,
+                            bucket,
+                            rate,
+                            mode,
+                            budget if row_budget else None,
+                            records,
+                        )
                     elif row in built:
                         label = PEER_ROWS[row]
-                        result, proxy = run_peer(row, python, bucket, endpoint, workdir / f"node-{run}", records,
-                                                 budget, part_bytes, rate)
+                        result, proxy = run_peer(
+                            row, python, bucket, endpoint, workdir / f"node-{run}", records, budget, part_bytes, rate
+                        )
                     else:
                         continue
                     tables[rate][label] = measure(result, proxy, records, label_sum)
@@ -257,14 +274,16 @@ def plot_first_batch(tables: dict[int, dict[str, dict[str, Any]]], part: int, pa
 
     rates = sorted(tables)
     title = f"First shuffled batch from an empty node, parts of {part / 2**20:.0f} MiB, 2 DataLoader workers"
-    with _plot.figure(path, title=title, xlabel="link rate (MB/s)", ylabel="seconds to the first batch",
-                      logx=True, logy=True) as axes:
+    with _plot.figure(
+        path, title=title, xlabel="link rate (MB/s)", ylabel="seconds to the first batch", logx=True, logy=True
+    ) as axes:
         for label in dict.fromkeys(label for rate in rates for label in tables[rate]):
             points = [(rate / 1e6, tables[rate][label]["first_batch"]) for rate in rates if label in tables[rate]]
             axes.plot(*zip(*points), "-" if label.startswith("yogacache") else "--", marker="o", label=label)
         axes.plot([r / 1e6 for r in rates], [part / r + 0.5 for r in rates], "k:", label="target: one part + 0.5 s")
-        axes.plot([r / 1e6 for r in rates], [part / r for r in rates], color="grey", linewidth=0.8,
-                  label="one part's fetch")
+        axes.plot(
+            [r / 1e6 for r in rates], [part / r for r in rates], color="grey", linewidth=0.8, label="one part's fetch"
+        )
         axes.set_xticks([r / 1e6 for r in rates], [f"{r / 1e6:.0f}" for r in rates])
         axes.minorticks_off()
 
@@ -295,9 +314,14 @@ def run_yogacache(
 ) -> tuple[dict[str, Any], ThrottleProxy]:
     proxy = ThrottleProxy(endpoint, rate)
     config = {
-        "type": "s3", "bucket": bucket, "bucket_directory_path": "yogacache", "endpoint_url": proxy.url,
-        "local_cache_host_path": str(node), "local_cache_container_path": str(node),
-        "streaming": True, "local_cache_limit": budget,
+        "type": "s3",
+        "bucket": bucket,
+        "bucket_directory_path": "yogacache",
+        "endpoint_url": proxy.url,
+        "local_cache_host_path": str(node),
+        "local_cache_container_path": str(node),
+        "streaming": True,
+        "local_cache_limit": budget,
     }
     log(f"yogacache {mode or 'dataset order'} at {rate / 1e6:.0f} MB/s: two epochs from an empty node")
     arguments = {"config": config, "mode": mode, "batch": BATCH, "workers": WORKERS, "epochs": 2}
@@ -308,14 +332,26 @@ def run_yogacache(
         proxy.stop()
 
 
-def build_peer(kind: str, python: Path, client: Any, bucket: str, workdir: Path, records: int,
-               part_bytes: int) -> int:
+def build_peer(kind: str, python: Path, client: Any, bucket: str, workdir: Path, records: int, part_bytes: int) -> int:
     env = dict(os.environ)
     env.pop("PYTHONPATH", None)
     local = workdir / f"build-{kind}"
     log(f"{kind}: building {records} records")
-    run_json([str(python), str(HERE / "_peers_stream.py"), "build", kind, "--dir", str(local), "--records",
-              str(records), "--part-bytes", str(part_bytes)], env)
+    run_json(
+        [
+            str(python),
+            str(HERE / "_peers_stream.py"),
+            "build",
+            kind,
+            "--dir",
+            str(local),
+            "--records",
+            str(records),
+            "--part-bytes",
+            str(part_bytes),
+        ],
+        env,
+    )
     uploaded = upload_tree(client, bucket, local, kind)
     shutil.rmtree(local)
     log(f"{kind}: {uploaded} bytes uploaded")
@@ -323,7 +359,14 @@ def build_peer(kind: str, python: Path, client: Any, bucket: str, workdir: Path,
 
 
 def run_peer(
-    kind: str, python: Path, bucket: str, endpoint: str, node: Path, records: int, budget: int, part_bytes: int,
+    kind: str,
+    python: Path,
+    bucket: str,
+    endpoint: str,
+    node: Path,
+    records: int,
+    budget: int,
+    part_bytes: int,
     rate: int,
 ) -> tuple[dict[str, Any], ThrottleProxy]:
     log(f"{kind} at {rate / 1e6:.0f} MB/s: two epochs from an empty node")
@@ -332,10 +375,32 @@ def run_peer(
     proxy = ThrottleProxy(endpoint, rate)
     try:
         env.update(S3_ENDPOINT_URL=proxy.url, AWS_ENDPOINT_URL=proxy.url)
-        return run_json([str(python), str(HERE / "_peers_stream.py"), "read", kind, "--remote",
-                         f"s3://{bucket}/{kind}", "--dir", str(node), "--limit", str(budget), "--records",
-                         str(records), "--epochs", "2", "--batch", str(BATCH), "--workers", str(WORKERS),
-                         "--shuffle", "--part-bytes", str(part_bytes)], env), proxy
+        return run_json(
+            [
+                str(python),
+                str(HERE / "_peers_stream.py"),
+                "read",
+                kind,
+                "--remote",
+                f"s3://{bucket}/{kind}",
+                "--dir",
+                str(node),
+                "--limit",
+                str(budget),
+                "--records",
+                str(records),
+                "--epochs",
+                "2",
+                "--batch",
+                str(BATCH),
+                "--workers",
+                str(WORKERS),
+                "--shuffle",
+                "--part-bytes",
+                str(part_bytes),
+            ],
+            env,
+        ), proxy
     finally:
         proxy.stop()
 
@@ -354,16 +419,31 @@ def print_table(
         f"batch {BATCH}"
     )
     if delivered:
-        print(f"The link alone (every part downloaded on two threads, nothing read) delivered "
-              f"{delivered / 1e6:.0f} MB/s here ({delivered / rate:.2f}x of {rate / 1e6:.0f} MB/s).")
+        print(
+            f"The link alone (every part downloaded on two threads, nothing read) delivered "
+            f"{delivered / 1e6:.0f} MB/s here ({delivered / rate:.2f}x of {rate / 1e6:.0f} MB/s)."
+        )
     print()
-    header = ["reader", "first batch (s)", "fetched by then (parts)", "epoch 1 (records/s)", "of the link",
-              "epoch 1 fetched (GiB)", "epoch 2 fetched (GiB)"]
+    header = [
+        "reader",
+        "first batch (s)",
+        "fetched by then (parts)",
+        "epoch 1 (records/s)",
+        "of the link",
+        "epoch 1 fetched (GiB)",
+        "epoch 2 fetched (GiB)",
+    ]
     lines = [header]
     for label, row in rows.items():
-        cells = [label, f"{row['first_batch']:.2f}", f"{row['first_bytes'] / part:.1f}", f"{row['rate']:.0f}",
-                 f"{row['rate'] * RECORD_BYTES / rate:.2f}x", f"{row['bytes'][0] / 2**30:.2f}",
-                 f"{row['bytes'][1] / 2**30:.2f}"]
+        cells = [
+            label,
+            f"{row['first_batch']:.2f}",
+            f"{row['first_bytes'] / part:.1f}",
+            f"{row['rate']:.0f}",
+            f"{row['rate'] * RECORD_BYTES / rate:.2f}x",
+            f"{row['bytes'][0] / 2**30:.2f}",
+            f"{row['bytes'][1] / 2**30:.2f}",
+        ]
         if ours is not None and row is not ours:
             cells[1] += f" ({row['first_batch'] / ours['first_batch']:.1f}x)"
             cells[3] += f" ({row['rate'] / ours['rate']:.2f}x)"
@@ -377,21 +457,30 @@ def print_table(
     if ours is None:
         return
     target_first = fetch + 0.5
-    # S: the parts that the workers' batches in flight span (WORKERS x prefetch_factor 2 batches
-    # at once, all needed on the node together; docs/streaming.md, "What a reader fetches").
-    span = max(1, math.ceil(WORKERS * 2 * BATCH / max(1, part // RECORD_BYTES)))
+    span = _data.parts_read_at_once(WORKERS * _data.PREFETCH * BATCH, max(1, part // RECORD_BYTES))
     epoch2 = dataset - budget + span * part
     checks = [
-        (f"first batch {ours['first_batch']:.2f} s <= one part's fetch + 0.5 s = {target_first:.2f} s",
-         ours["first_batch"] <= target_first),
-        (f"epoch 1 at {ours['rate'] * RECORD_BYTES / rate:.2f}x of the link >= 0.9x",
-         ours["rate"] * RECORD_BYTES / rate >= 0.9),
-        (f"epoch 2 fetched {ours['bytes'][1] / 2**30:.2f} GiB <= dataset - budget + S = {span} part(s) = "
-         f"{epoch2 / 2**30:.2f} GiB", ours["bytes"][1] <= epoch2),
+        (
+            f"first batch {ours['first_batch']:.2f} s <= one part's fetch + 0.5 s = {target_first:.2f} s",
+            ours["first_batch"] <= target_first,
+        ),
+        (
+            f"epoch 1 at {ours['rate'] * RECORD_BYTES / rate:.2f}x of the link >= 0.9x",
+            ours["rate"] * RECORD_BYTES / rate >= 0.9,
+        ),
+        (
+            f"epoch 2 fetched {ours['bytes'][1] / 2**30:.2f} GiB <= dataset - budget + S = {span} part(s) = "
+            f"{epoch2 / 2**30:.2f} GiB",
+            ours["bytes"][1] <= epoch2,
+        ),
     ]
     if mosaic is not None:
-        checks.append((f"first batch ahead of MosaicML's ({mosaic['first_batch']:.2f} s)",
-                       ours["first_batch"] < mosaic["first_batch"]))
+        checks.append(
+            (
+                f"first batch ahead of MosaicML's ({mosaic['first_batch']:.2f} s)",
+                ours["first_batch"] < mosaic["first_batch"],
+            )
+        )
     for text, met in checks:
         print(f"target (yogacache parts): {text}: {'met' if met else 'MISSED'}")
 
