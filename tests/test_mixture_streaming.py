@@ -170,8 +170,9 @@ def synced_reference(objects: Any, node: Path, **args: Any) -> list[list[int]]:
 
 
 # Serial: under a second busy test process its epoch 2 fetched one part more than the promise
-# (1 run in 5 with both cores busy): the components' fetches ahead decide each for itself, not
-# node-wide (issue 36 item 1). Alone it keeps the promise, and make test runs it alone.
+# (1 run in 5 with both cores busy; three in-process readers, so not the batches in flight of
+# docs/streaming.md: not explained yet, issue 36). Alone it keeps the promise, and make test
+# runs it alone.
 @pytest.mark.serial
 def test_a_streamed_mixture_under_half_the_bytes_reads_the_synced_order_and_keeps_the_budget(
     published: dict[str, Any], tmp_path: Path, downloads: Downloads

@@ -368,17 +368,14 @@ def test_persistently_truncated_part_never_leaves_a_corrupt_local_copy(
     check_local(node_b, build2, NEW)
 
 
-@pytest.mark.parametrize(
-    ("method", "fault"),  # a part is one ranged GET: the manifest knows its size, so no HEAD
-    [("GET", "403"), ("GET", "timeout"), ("GET", "500"), ("GET", "reset")],
-)
+@pytest.mark.parametrize("fault", ["403", "timeout", "500", "reset"])  # a part is one ranged GET, no HEAD
 def test_persistent_fault_on_part_get_keeps_the_old_copy(
-    s3_server: Any, s3_proxy: FaultProxy, two_builds: Any, tmp_path: Path, method: str, fault: str
+    s3_server: Any, s3_proxy: FaultProxy, two_builds: Any, tmp_path: Path, fault: str
 ) -> None:
     bucket, build1, _build2, _ = two_builds
     before = snapshot(s3_server, bucket)
     node_b = s3_node(bucket, s3_proxy.url, tmp_path / "node-b", timeout=1.0)
-    s3_proxy.add_rule(method=method, path_contains="-part-", **FAULTS[fault])
+    s3_proxy.add_rule(method="GET", path_contains="-part-", **FAULTS[fault])
 
     with pytest.raises(RemoteError) as raised:
         node_b.open(DS, VER)

@@ -6,7 +6,7 @@ the checkpoint and reads on. What the two read after the save point must be iden
 the end of the epoch and into the following ones (``repeat``), in every shuffle mode.
 
 The interpreters are shared by the module's cases, each in a cache root of its own: one runs
-every selected case's save, then another every restore (importing TensorFlow costs seconds, ten
+every case's save, then another every restore (importing TensorFlow costs seconds, ten
 times over otherwise). A restore still runs in a process that never saw its case's save.
 """
 
@@ -108,21 +108,13 @@ def _run(phase: str, cases: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
 
 
 @pytest.fixture(scope="module")
-def checkpointed(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+def checkpointed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """Case id -> (what the saving process read after its save, what the restoring one read):
-    the cases of this module's selected tests, saved in one fresh interpreter, then restored in
-    another."""
-    module = request.node.nodeid.split("::")[0]
-    selected = {
-        item.callspec.params["case"] if hasattr(item, "callspec") else "next-epoch"
-        for item in request.session.items
-        if item.nodeid.split("::")[0] == module
-    }
+    every case saved in one fresh interpreter, then restored in another."""
     cases = [
         {"id": case, "root": str(tmp_path_factory.mktemp(case)), "kwargs": kwargs, "batches": batches,
          "repeat": repeat, "next_epoch": next_epoch}
         for case, (kwargs, batches, repeat, next_epoch) in CASES.items()
-        if case in selected
     ]  # fmt: skip
     saved = _run("save", cases)
     restored = _run("restore", [{**case, "batches": 0} for case in cases])
