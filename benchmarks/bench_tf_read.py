@@ -21,6 +21,8 @@ Each row twice: ``new pipeline per pass`` (the clock covers ``stream()``, ``make
 ``batch``, the iterator and the whole epoch; for tf.data, making the cache dataset and reading it)
 and ``pipeline made once`` (each pass is one iteration of a dataset made before the clock: the
 next epoch). Target: both yogacache rows >= 1.0x tf.data's read pass of the same protocol.
+The same process then times, after each round of passes, what a new pipeline of each row costs
+up to its first batch: making the dataset, ``iter()`` and the first ``next()`` (wall and CPU).
 
 **First element on a cache hit** (ms), each measurement in a fresh process (TensorFlow and
 yogacache imported before the clock), ``--passes`` of each, interleaved, median:
@@ -129,6 +131,7 @@ def throughput(root: str, passes: int) -> dict[str, Any]:
             )
     rates: dict[str, list[float]] = {key: [] for key in runs}
     cpu: dict[str, list[float]] = {key: [] for key in runs}
+    setups: dict[str, list[list[float]]] = {row: [] for row in ROWS}
     for rep in range(passes + 1):  # the first round warms up (page cache, first-use costs)
         for key, run in runs.items():
             start, start_cpu = time.perf_counter(), time.process_time()
@@ -139,7 +142,18 @@ def throughput(root: str, passes: int) -> dict[str, Any]:
             if rep:
                 rates[key].append(count / elapsed)
                 cpu[key].append(used / count * 1e6)
-    return {"rates": rates, "cpu": cpu}
+        for row in ROWS:  # what a new pipeline costs before its first batch
+            start, start_cpu = time.perf_counter(), time.process_time()
+            dataset = pipeline(row)
+            built = time.perf_counter()
+            iterator = iter(dataset)
+            started = time.perf_counter()
+            next(iterator)
+            done, used = time.perf_counter(), time.process_time() - start_cpu
+            del iterator
+            if rep:
+                setups[row].append([(built - start) * 1e3, (started - built) * 1e3, (done - started) * 1e3, used * 1e3])
+    return {"rates": rates, "cpu": cpu, "setups": setups}
 
 
 def first_element(root: str, kind: str) -> dict[str, Any]:
@@ -222,6 +236,7 @@ def main() -> None:
     )
     if measured:
         _print_rates(measured["rates"], measured["cpu"])
+        _print_setups(measured["setups"])
     if firsts["floor"]:
         _print_firsts(firsts)
 
@@ -254,6 +269,15 @@ def _print_rates(rates: dict[str, list[float]], cpu: dict[str, list[float]]) -> 
                 f"| {base:,.0f} ({spread(rates[f'{ROWS[2]}|{protocol}'])}) | {ratio:.2f}x | >= 1.0x {verdict} "
                 f"| {cpu_us(row, protocol)} / {cpu_us(ROWS[2], protocol)} |"
             )
+
+
+def _print_setups(setups: dict[str, list[list[float]]]) -> None:
+    print()
+    print("| a new pipeline, to its first batch (ms, median) | make the dataset | iter() | first next() | wall | CPU |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for row, runs in setups.items():
+        make, start, first, cpu = (statistics.median(run[i] for run in runs) for i in range(4))
+        print(f"| {row} | {make:.1f} | {start:.1f} | {first:.1f} | {make + start + first:.1f} | {cpu:.1f} |")
 
 
 def _print_firsts(firsts: dict[str, list[dict[str, Any]]]) -> None:

@@ -73,3 +73,77 @@ def test_a_moved_private_module_falls_back_to_the_same_elements_and_says_so(
     assert slow == fast
     assert list(yc_tf.FAST_PATHS_MISSED) == ["batch (rebatch)"]
     assert "fast batch (rebatch)" in caplog.text and "public method is used" in caplog.text
+
+
+def _traces(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The names of the tf.data functions traced from now on (every ``map``/``flat_map``
+    function TensorFlow traces goes through ``StructuredFunctionWrapper``)."""
+    from tensorflow.python.data.ops import structured_function
+
+    traced: list[str] = []
+    wrapper = structured_function.StructuredFunctionWrapper
+
+    class Counted(wrapper):  # type: ignore[misc,valid-type]
+        def __init__(self, func: object, transformation_name: str, *args: object, **kwargs: object) -> None:
+            traced.append(transformation_name)
+            super().__init__(func, transformation_name, *args, **kwargs)
+
+    monkeypatch.setattr(structured_function, "StructuredFunctionWrapper", Counted)
+    return traced
+
+
+def test_pipelines_of_one_spec_share_their_traced_functions_and_read_their_own_records(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = CacheStore(tmp_path / "caches", show_progress=False)
+    for name, first in (("low", 0), ("high", 1000)):
+        store.build(name, "v1", [{"x": np.int64(first + i), "v": np.full(3, i, dtype=np.float32)} for i in range(50)])
+    monkeypatch.setattr(yc_tf, "_shared_traces", {})
+    traced = _traces(monkeypatch)
+
+    low = yc_tf.make_tf_dataset(CacheDataRef(store.open("low", "v1")).stream(shuffle=True, shuffle_seed=1))
+    traced_by_the_first = list(traced)
+    high = yc_tf.make_tf_dataset(CacheDataRef(store.open("high", "v1")).stream(shuffle=True, shuffle_seed=1))
+    # Read side by side: each pipeline's reads go to its own reader.
+    pairs = list(zip(low.batch(10), high.batch(10)))
+
+    assert yc_tf.FAST_PATHS_MISSED == {}, f"TensorFlow {tf.__version__}: {yc_tf.FAST_PATHS_MISSED}"
+    assert traced_by_the_first == ["Dataset.map()", "Dataset.flat_map()", "Dataset.map()"]
+    assert traced == traced_by_the_first, "the second pipeline of the spec traced functions of its own"
+    assert "SharedTraceFlatMap" in _chain(high) and "SharedTraceMap" in _chain(high)
+    assert sorted(x for a, _ in pairs for x in a["x"].numpy().tolist()) == list(range(50))
+    assert sorted(x for _, b in pairs for x in b["x"].numpy().tolist()) == list(range(1000, 1050))
+    # A second epoch of each, after both were made: still each its own.
+    assert sorted(int(x) for x in high.map(lambda e: e["x"])) == list(range(1000, 1050))
+
+
+@pytest.mark.parametrize("moved", ["_FlatMapDataset", "_MapDataset"])
+def test_where_tensorflow_differs_each_pipeline_traces_its_own_and_says_so(
+    ref: CacheDataRef, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, moved: str
+) -> None:
+    from tensorflow.python.data.ops import flat_map_op, map_op
+
+    module = flat_map_op if moved == "_FlatMapDataset" else map_op
+
+    class Moved(getattr(module, moved)):  # type: ignore[misc]
+        """The dataset class as a release that changed it would be to yogacache: usable, not as a base."""
+
+        def __init_subclass__(cls) -> None:
+            raise TypeError(f"{moved} cannot be subclassed")
+
+    dataset = yc_tf.make_tf_dataset(ref.stream(shuffle=True, shuffle_seed=3))
+    fast = [batch["x"].numpy().tolist() for batch in dataset.batch(8)]
+    monkeypatch.setattr(module, moved, Moved)
+    monkeypatch.setattr(yc_tf, "_shared_traces", {})
+    monkeypatch.setattr(yc_tf, "FAST_PATHS_MISSED", {})
+    traced = _traces(monkeypatch)
+    with caplog.at_level(logging.WARNING, logger="yogacache"):
+        datasets = [yc_tf.make_tf_dataset(ref.stream(shuffle=True, shuffle_seed=3)) for _ in range(2)]
+        first_traces = traced.count("Dataset.flat_map()")
+        slow = [[batch["x"].numpy().tolist() for batch in dataset.batch(8)] for dataset in datasets]
+
+    assert slow == [fast, fast]
+    assert first_traces == 2, traced  # each pipeline its own
+    assert "SharedTraceFlatMap" not in _chain(datasets[1])
+    assert list(yc_tf.FAST_PATHS_MISSED) == ["pipeline (traced functions shared)"]
+    assert "fast pipeline (traced functions shared)" in caplog.text

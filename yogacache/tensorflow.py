@@ -10,6 +10,7 @@ checkpoints (``tf.train.Checkpoint(iterator=...)``) save and restore the pipelin
 from __future__ import annotations
 
 import atexit
+import itertools
 import math
 import threading
 import time
@@ -51,9 +52,9 @@ _STRING_GUESS_BYTES = 64
 
 log = redaction.get_logger(__name__)
 
-# The fast paths (``_unbatch_dense``, ``_rebatch_dense``) build on TensorFlow's private modules; a
-# TensorFlow that moved them gets the public methods (the same elements, slower), said once per
-# path here, and tests/test_tf_fast_path.py fails.
+# The fast paths (``_SharedTraces``, ``_unbatch_dense``, ``_rebatch_dense``) build on TensorFlow's
+# private modules; a TensorFlow that moved them gets the public methods (the same elements,
+# slower), said once per path here, and tests/test_tf_fast_path.py fails.
 FAST_PATHS_MISSED: dict[str, str] = {}
 
 
@@ -304,47 +305,235 @@ def _until_exit(iterator: Iterator[Any]) -> Iterator[Any]:
 
 
 class _EpochReadFunctions:
-    """The two Python functions behind the fast path, holding the stream's reads only weakly.
+    """The Python side of one pipeline, which its graph functions reach through its handle.
 
     ``next_epoch`` (stateful: each iteration of the dataset is the next epoch) runs once per
     iteration; ``enter(epoch)`` when an epoch's reads are set up, also when an iterator is
     restored from a checkpoint (so the iteration after it reads the next epoch);
     ``read(epoch, i)`` (stateless: its result depends on its inputs alone) once per read, so
     an iterator checkpoint holds nothing but numbers and restores in any process.
-    TensorFlow keeps every function it traced (and so these) until ``clear_session()``: the
-    dataset holds the reads, these hold a weak reference, so dropping the dataset releases
-    the reader and its files.
+    The pipeline's dataset holds this object; ``_pipelines`` and the graph functions only its
+    handle, so dropping the dataset releases the reader and its files (TensorFlow keeps every
+    function it traced until the process ends).
     """
 
-    def __init__(self, reads: EpochReads, leaves: list[TensorSpec]) -> None:
-        self._reads = weakref.ref(reads)
-        self._empty = [
-            np.empty((0, *(int(d or 0) for d in leaf.shape or ())), dtype=numpy_dtype(leaf.dtype))
-            for leaf in leaves
-        ]
-
-    def _live(self) -> EpochReads:
-        reads = self._reads()
-        if reads is None:
-            raise RuntimeError("the yogacache tf.data.Dataset this iterator reads was dropped")
-        return reads
+    def __init__(self, reads: EpochReads, leaves: list[TensorSpec], carried: list[bool]) -> None:
+        self._reads = reads
+        self._carried = carried
+        self._refill = not all(carried)
+        self._empty = self._carry(
+            [
+                np.empty((0, *(int(d or 0) for d in leaf.shape or ())), dtype=numpy_dtype(leaf.dtype))
+                for leaf in leaves
+            ]
+        )
 
     def next_epoch(self) -> np.int64:
         keep_freed_memory()
-        return np.int64(self._live().next_epoch())
+        return np.int64(self._reads.next_epoch())
 
     def enter(self, epoch: Any) -> np.int64:
-        return np.int64(max(1, self._live().enter(int(epoch))))
+        return np.int64(max(1, self._reads.enter(int(epoch))))
 
     def read(self, epoch: Any, index: Any) -> list[np.ndarray]:
         if _exiting.is_set():
             return self._empty
-        columns = self._live().read(int(epoch), int(index))
-        return columns or self._empty
+        columns = self._reads.read(int(epoch), int(index))
+        return self._carry(columns) if columns else self._empty
+
+    def _carry(self, columns: list[np.ndarray]) -> list[np.ndarray]:
+        """The columns a read hands TensorFlow: with zero-size leaves, a row number instead."""
+        if not self._refill:
+            return columns
+        rows = np.arange(len(columns[0]), dtype=np.int64)
+        return [rows, *(column for column, kept in zip(columns, self._carried) if kept)]
+
+
+_pipelines: "weakref.WeakValueDictionary[int, _EpochReadFunctions]" = weakref.WeakValueDictionary()
+_handles = itertools.count(1)
+
+
+def _pipeline(handle: np.ndarray) -> _EpochReadFunctions:
+    functions = _pipelines.get(int(handle))
+    if functions is None:
+        raise RuntimeError("the yogacache tf.data.Dataset this iterator reads was dropped")
+    return functions
+
+
+# What the graph functions call (tf.numpy_function): one Python function each for every
+# pipeline, so that the traced functions are the same for every pipeline of an element spec.
+def _call_next_epoch(handle: np.ndarray) -> np.int64:
+    return _pipeline(handle).next_epoch()
+
+
+def _call_enter(handle: np.ndarray, epoch: Any) -> np.int64:
+    return _pipeline(handle).enter(epoch)
+
+
+def _call_read(handle: np.ndarray, epoch: Any, index: Any) -> list[np.ndarray]:
+    return _pipeline(handle).read(epoch, index)
 
 
 def _is_zero_size(leaf: TensorSpec) -> bool:
     return 0 in (leaf.shape or ())
+
+
+# Plain graph code, not transpiled by AutoGraph (which costs ~100 ms a function).
+_plain = tf.autograph.experimental.do_not_convert
+
+
+class _GraphFunctions:
+    """The graph functions of a pipeline of ``spec``; each takes the pipeline's handle (an
+    int64 scalar) last, and calls the Python side that ``_pipelines`` holds under it.
+
+    ``next_epoch`` maps the dataset's one element to the next epoch's number; ``epoch_reads``
+    makes an epoch's dataset of reads; ``with_zero_size_leaves`` gives each element back its
+    zero-size leaves, which never reach ``unbatch``: it crashes the process on them
+    (TensorFlow 2.16-2.21), so a read carries a row-number column instead.
+    """
+
+    def __init__(self, spec: Spec) -> None:
+        self.spec = spec
+        self.leaves = spec_leaves(spec)
+        self.carried = [not _is_zero_size(leaf) for leaf in self.leaves]
+        self.refill = not all(self.carried)
+        self._dtypes = [_tf_dtype(leaf.dtype) for leaf, kept in zip(self.leaves, self.carried) if kept]
+        self._shapes = [
+            tf.TensorShape([None, *(leaf.shape or ())]) for leaf, kept in zip(self.leaves, self.carried) if kept
+        ]
+        if self.refill:
+            self._dtypes, self._shapes = [tf.int64, *self._dtypes], [tf.TensorShape([None]), *self._shapes]
+
+    @_plain
+    def next_epoch(self, _: tf.Tensor, handle: tf.Tensor) -> tf.Tensor:
+        epoch = tf.numpy_function(_call_next_epoch, [handle], tf.int64, stateful=True, name="yogacache_epoch")
+        epoch.set_shape([])
+        return epoch
+
+    @_plain
+    def read(self, epoch: tf.Tensor, index: tf.Tensor, handle: tf.Tensor) -> Any:
+        columns = tf.numpy_function(
+            _call_read, [handle, epoch, index], self._dtypes, stateful=False, name="yogacache_read"
+        )
+        for column, shape in zip(columns, self._shapes):
+            column.set_shape(shape)
+        return tuple(columns) if self.refill else unflatten(columns, self.spec)
+
+    @_plain
+    def epoch_reads(self, epoch: tf.Tensor, handle: tf.Tensor) -> tf.data.Dataset:
+        # Runs when the epoch starts and again when a checkpoint restores an iterator inside it.
+        count = tf.numpy_function(_call_enter, [handle, epoch], tf.int64, stateful=True, name="yogacache_enter")
+        # (epoch, read number) pairs sliced from two vectors of one entry per read: no function
+        # to trace, and one dataset where zip(from_tensors.repeat, range) made four.
+        count = tf.reshape(count, [])
+        numbered = tf.data.Dataset.from_tensor_slices((tf.fill([count], epoch), tf.range(count, dtype=tf.int64)))
+        return numbered.map(_plain(lambda epoch, index: self.read(epoch, index, handle)))
+
+    @_plain
+    def with_zero_size_leaves(self, _: tf.Tensor, *values: tf.Tensor) -> Any:
+        carried_values = iter(values)
+        return unflatten(
+            [
+                next(carried_values) if kept else tf.zeros(leaf.shape, _tf_dtype(leaf.dtype))
+                for leaf, kept in zip(self.leaves, self.carried)
+            ],
+            self.spec,
+        )
+
+
+class _SharedTraces:
+    """The traced ``next_epoch`` and ``epoch_reads`` of every pipeline of one element spec.
+
+    Tracing them, and the ``read`` inside ``epoch_reads``, was half the ~55 ms it took to make
+    a pipeline. Here they are traced once per spec and process, each taking the handle as an
+    argument after the element's; each pipeline's map and flat_map pass their own handle
+    first among the function's other arguments (where a traced function's captured inputs
+    go), so the handle is never part of an element and never in an iterator checkpoint.
+    Builds on TensorFlow's private dataset classes, as the fast unbatch and rebatch do; where
+    TensorFlow differs, every pipeline traces its own.
+    """
+
+    def __init__(self, spec: Spec) -> None:
+        from tensorflow.python.data.ops import dataset_ops, flat_map_op, map_op, structured_function
+        from tensorflow.python.ops import gen_dataset_ops
+
+        class SharedTraceMap(map_op._MapDataset):  # type: ignore[misc,name-defined]
+            def __init__(self, input_dataset: tf.data.Dataset, wrapper: Any, arguments: list[tf.Tensor]) -> None:
+                # _MapDataset.__init__ with a function traced before
+                self._input_dataset = input_dataset
+                self._map_func = wrapper
+                self._use_inter_op_parallelism = True
+                self._preserve_cardinality = True
+                self._force_synchronous = False
+                self._name = None
+                variant = gen_dataset_ops.map_dataset(
+                    input_dataset._variant_tensor,
+                    arguments,
+                    f=wrapper.function,
+                    use_inter_op_parallelism=True,
+                    preserve_cardinality=True,
+                    force_synchronous=False,
+                    **self._common_args,
+                )
+                dataset_ops.UnaryDataset.__init__(self, input_dataset, variant)
+
+        class SharedTraceFlatMap(flat_map_op._FlatMapDataset):  # type: ignore[misc,name-defined]
+            def __init__(self, input_dataset: tf.data.Dataset, wrapper: Any, arguments: list[tf.Tensor]) -> None:
+                # _FlatMapDataset.__init__ with a function traced before
+                self._input_dataset = input_dataset
+                self._map_func = wrapper
+                self._structure = wrapper.output_structure._element_spec
+                self._name = None
+                variant = gen_dataset_ops.flat_map_dataset(
+                    input_dataset._variant_tensor, arguments, f=wrapper.function, **self._common_args
+                )
+                dataset_ops.UnaryDataset.__init__(self, input_dataset, variant)
+
+        self._map, self._flat_map = SharedTraceMap, SharedTraceFlatMap
+
+        functions = _GraphFunctions(spec)
+        element_and_handle = (tf.TensorSpec([], tf.int64), tf.TensorSpec([], tf.int64))
+        self._next_epoch = structured_function.StructuredFunctionWrapper(
+            functions.next_epoch, "Dataset.map()", input_structure=element_and_handle
+        )
+        self._epoch_reads = structured_function.StructuredFunctionWrapper(
+            functions.epoch_reads, "Dataset.flat_map()", input_structure=element_and_handle
+        )
+
+    @staticmethod
+    def _arguments(wrapper: Any, handle: tf.Tensor) -> list[tf.Tensor]:
+        return [handle, *wrapper.function.captured_inputs]
+
+    def epochs(self, handle: tf.Tensor) -> tf.data.Dataset:
+        """``range(1).map(next_epoch).flat_map(epoch_reads)`` for the pipeline of ``handle``."""
+        epochs = self._map(tf.data.Dataset.range(1), self._next_epoch, self._arguments(self._next_epoch, handle))
+        return self._flat_map(epochs, self._epoch_reads, self._arguments(self._epoch_reads, handle))
+
+
+_shared_traces: dict[str, Optional[_SharedTraces]] = {}
+_shared_traces_lock = threading.Lock()
+
+
+def _epochs(spec: Spec, handle: tf.Tensor) -> tf.data.Dataset:
+    """Each iteration: one epoch number, then that epoch's reads (the shared traces' when
+    TensorFlow allows, else traced for this pipeline)."""
+    key = repr(spec)
+    with _shared_traces_lock:
+        if key not in _shared_traces:
+            try:
+                _shared_traces[key] = _SharedTraces(spec)
+            except (ImportError, AttributeError, TypeError) as error:
+                _missed("pipeline (traced functions shared)", error)
+                _shared_traces[key] = None
+        shared = _shared_traces[key]
+    if shared is not None:
+        return shared.epochs(handle)
+    functions = _GraphFunctions(spec)
+    return (
+        tf.data.Dataset.range(1)
+        .map(_plain(lambda element: functions.next_epoch(element, handle)))
+        .flat_map(_plain(lambda epoch: functions.epoch_reads(epoch, handle)))
+    )
 
 
 def _epoch_read_datasets(reads: EpochReads, spec: Spec) -> tuple[tf.data.Dataset, Optional[tf.data.Dataset]]:
@@ -352,62 +541,12 @@ def _epoch_read_datasets(reads: EpochReads, spec: Spec) -> tuple[tf.data.Dataset
 
     Returns the dataset of elements and, unless zero-size leaves make it differ, the dataset
     of whole reads it unbatches (what ``batch`` rebatches, see ``_batch_by_rebatching``).
-
-    Leaves of zero size (a dimension of 0) never reach ``unbatch``, which crashes the process
-    on them (TensorFlow 2.16-2.21): a read carries a row-number column instead, and each
-    element gets its (empty) zero-size leaves back after ``unbatch``.
     """
-    leaves = spec_leaves(spec)
-    functions = _EpochReadFunctions(reads, leaves)
-    carried = [not _is_zero_size(leaf) for leaf in leaves]
-    dtypes = [_tf_dtype(leaf.dtype) for leaf, kept in zip(leaves, carried) if kept]
-    shapes = [tf.TensorShape([None, *(leaf.shape or ())]) for leaf, kept in zip(leaves, carried) if kept]
-    refill = not all(carried)
-    if refill:
-        dtypes, shapes = [tf.int64, *dtypes], [tf.TensorShape([None]), *shapes]
-
-    def pull(epoch: Any, index: Any) -> list[np.ndarray]:
-        columns = functions.read(epoch, index)
-        if not refill:
-            return columns
-        rows = np.arange(len(columns[0]), dtype=np.int64)
-        return [rows, *(column for column, kept in zip(columns, carried) if kept)]
-
-    # Plain graph code (do_not_convert): transpiling it with AutoGraph costs ~100 ms.
-    @tf.autograph.experimental.do_not_convert
-    def next_epoch(_: tf.Tensor) -> tf.Tensor:
-        epoch = tf.numpy_function(functions.next_epoch, [], tf.int64, stateful=True, name="yogacache_epoch")
-        epoch.set_shape([])
-        return epoch
-
-    @tf.autograph.experimental.do_not_convert
-    def read(epoch: tf.Tensor, index: tf.Tensor) -> Any:
-        columns = tf.numpy_function(pull, [epoch, index], dtypes, stateful=False, name="yogacache_read")
-        for column, shape in zip(columns, shapes):
-            column.set_shape(shape)
-        return tuple(columns) if refill else unflatten(columns, spec)
-
-    @tf.autograph.experimental.do_not_convert
-    def epoch_reads(epoch: tf.Tensor) -> tf.data.Dataset:
-        # Runs when the epoch starts and again when a checkpoint restores an iterator inside it.
-        count = tf.numpy_function(functions.enter, [epoch], tf.int64, stateful=True, name="yogacache_enter")
-        # (epoch, read number) pairs sliced from two vectors of one entry per read: no function
-        # to trace, and one dataset where zip(from_tensors.repeat, range) made four.
-        count = tf.reshape(count, [])
-        numbered = tf.data.Dataset.from_tensor_slices((tf.fill([count], epoch), tf.range(count, dtype=tf.int64)))
-        return numbered.map(read)
-
-    @tf.autograph.experimental.do_not_convert
-    def with_zero_size_leaves(_: tf.Tensor, *values: tf.Tensor) -> Any:
-        carried_values = iter(values)
-        return unflatten(
-            [
-                next(carried_values) if kept else tf.zeros(leaf.shape, _tf_dtype(leaf.dtype))
-                for leaf, kept in zip(leaves, carried)
-            ],
-            spec,
-        )
-
+    number = next(_handles)
+    handle = tf.constant(number, tf.int64)
+    functions = _GraphFunctions(spec)
+    python_side = _EpochReadFunctions(reads, functions.leaves, functions.carried)
+    _pipelines[number] = python_side
     _generators_started.set()
     # prefetch(1): the next read (Python) overlaps unbatch and the consumer's batching of this
     # one (C++), instead of the two taking turns on one thread.
@@ -415,11 +554,11 @@ def _epoch_read_datasets(reads: EpochReads, spec: Spec) -> tuple[tf.data.Dataset
     # The epoch counter is the pipeline's one piece of state outside TensorFlow; a checkpoint
     # holds the epoch it produced (as the flat_map's input), so the counter is not needed.
     options.experimental_external_state_policy = tf.data.experimental.ExternalStatePolicy.IGNORE
-    batches = tf.data.Dataset.range(1).map(next_epoch).flat_map(epoch_reads).prefetch(1).with_options(options)
-    batches._yogacache_reads = reads  # the functions' weak reference lives as long as this
+    batches = _epochs(spec, handle).prefetch(1).with_options(options)
+    batches._yogacache_reads = python_side  # the pipeline's Python side lives as long as this
     dataset = _unbatch_dense(batches)
-    if refill:
-        return dataset.map(with_zero_size_leaves), None
+    if functions.refill:
+        return dataset.map(functions.with_zero_size_leaves), None
     return dataset, batches
 
 
