@@ -17,7 +17,13 @@ loader, so it includes the 2 worker processes' start, as a user's epoch does) ov
   the peer time) through ``grain.sources.ArrayRecordDataSource`` and a ``grain.transforms.Map``
   decoding each record (a fixed layout: 8 bytes of little-endian label, then the image bytes: the
   cheapest decode a Grain user can write, so the peer is at its fastest);
-- yogacache's own order as a Grain sampler (``yogacache.grain.CacheSampler``, ``"global"``).
+- yogacache's own order as a Grain sampler (``yogacache.grain.CacheSampler``, ``"global"``);
+- (information) the first two again with ``ReadOptions(prefetch_buffer_size=64)`` instead of
+  Grain's default 500. Grain 0.2.18's prefetch iterator (``PrefetchDatasetIterator``) counts, on
+  every element it hands on, the futures of its buffer that are done, from the front
+  (``_measure_prefetch_depth``): the faster a source fills the buffer, the more futures each
+  element polls (about 460 per record for yogacache's source, 230 for ArrayRecord's, in one
+  process), so Grain's own cost grows with the source's speed; a smaller buffer bounds it.
 
 **Ray Data** on a local cluster (``ray.init(num_cpus=2)``), one driver process and cluster per
 system (yogacache, Parquet, MDS), its rows one after the other, two epochs each,
@@ -94,6 +100,8 @@ ROWS: dict[str, tuple[str, str, str]] = {
     "grain-yogacache": ("grain", "yogacache", "yogacache CacheDataSource, IndexSampler shuffle"),
     "grain-yogacache-sampler": ("grain", "yogacache", "yogacache CacheDataSource, CacheSampler (global)"),
     "grain-arrayrecord": ("grain", "arrayrecord", "ArrayRecordDataSource + Map decode, IndexSampler shuffle"),
+    "grain-yogacache-buffer64": ("grain", "yogacache", "yogacache CacheDataSource, IndexSampler, prefetch_buffer_size=64"),
+    "grain-arrayrecord-buffer64": ("grain", "arrayrecord", "ArrayRecordDataSource + Map, IndexSampler, prefetch_buffer_size=64"),
     "ray-yogacache-parts": ("ray", "yogacache", "yogacache read_cache, shuffle_mode=parts"),
     "ray-yogacache-global": ("ray", "yogacache", "yogacache read_cache, shuffle_mode=global"),
     "ray-yogacache-parts-blocks": ("ray", "yogacache", "yogacache read_cache, parts, override_num_blocks=parts"),
@@ -109,6 +117,7 @@ ROWS: dict[str, tuple[str, str, str]] = {
 RATIOS: list[tuple[str, str, Optional[float]]] = [
     ("grain-yogacache", "grain-arrayrecord", 1.0),
     ("grain-yogacache-sampler", "grain-arrayrecord", None),
+    ("grain-yogacache-buffer64", "grain-arrayrecord-buffer64", None),
     ("ray-yogacache-parts", "ray-parquet-shuffled", 1.0),
     ("ray-yogacache-parts", "ray-parquet-v1-shuffled", 1.0),
     ("ray-yogacache-global", "ray-parquet-shuffled", None),
@@ -176,7 +185,7 @@ def grain_row(row: str, spec: dict[str, Any]) -> list[dict[str, Any]]:
 
     if not flags.FLAGS.is_parsed():  # Grain reads absl flags; a script outside absl.app parses none
         flags.FLAGS.mark_as_parsed()
-    if row == "grain-arrayrecord":
+    if row.startswith("grain-arrayrecord"):
         directory = spec["dirs"]["arrayrecord"]
         warm(directory)
         paths = sorted(str(p) for p in Path(directory).glob("*.array_record"))
@@ -201,8 +210,12 @@ def grain_row(row: str, spec: dict[str, Any]) -> list[dict[str, Any]]:
         else:
             sampler = grain.samplers.IndexSampler(num_records=len(source), shard_options=grain.sharding.NoSharding(),
                                                   shuffle=True, num_epochs=1, seed=SEED + epoch)
+        # Grain's default read options, except in the -buffer64 rows: their prefetch buffer of 64
+        # records instead of 500 (see the module's docstring).
+        read_options = grain.ReadOptions(prefetch_buffer_size=64) if row.endswith("-buffer64") else None
         loader = grain.DataLoader(data_source=source, sampler=sampler,
-                                  operations=[*operations, grain.transforms.Batch(BATCH)], worker_count=WORKERS)
+                                  operations=[*operations, grain.transforms.Batch(BATCH)], worker_count=WORKERS,
+                                  read_options=read_options)
         count = EpochCount(start, spec["shape"])
         for batch in loader:
             count.add(batch["image"], batch["label"])
