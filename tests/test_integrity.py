@@ -389,3 +389,38 @@ def test_damage_after_open_never_crashes_the_interpreter(tmp_path: Path, mode: s
     assert result.returncode == 3, (result.stdout, result.stderr[-2000:])
     assert "ERROR CorruptCacheError" in result.stdout
     assert str(cache_dir(tmp_path)) in result.stdout
+
+
+def test_a_large_part_hashed_on_several_threads_at_seal_has_the_one_thread_digest(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Above ``_THREADED_SEAL_BYTES`` the seal hashes on the hasher's own threads; the digest and
+    the CRC32C are those of a plain one-thread read, and a process forked afterwards seals on
+    threads of its own (no pool inherited from the parent)."""
+    import blake3
+
+    from yogacache.format import checksum, integrity
+
+    path = tmp_path / "part.mdb"
+    data = np.random.default_rng(0).integers(0, 256, integrity._THREADED_SEAL_BYTES + 12_345, dtype=np.uint8)
+    path.write_bytes(data.tobytes())
+    threads: list[int] = []
+
+    def counted(*args: Any, max_threads: int = 1, **kwargs: Any) -> Any:
+        threads.append(max_threads)
+        return blake3.blake3(*args, max_threads=max_threads, **kwargs)
+
+    monkeypatch.setattr(integrity, "blake3", type("blake3", (), {"blake3": staticmethod(counted)}))
+    monkeypatch.setattr(integrity.os, "cpu_count", lambda: 2)
+
+    blake, crc = integrity.seal_hashes(path)
+
+    assert threads == [2]
+    assert blake == blake3.blake3(path.read_bytes()).hexdigest()
+    if checksum.available():
+        assert crc == checksum.crc32c_file(path)
+    child = os.fork()
+    if child == 0:  # the child seals the same file on threads of its own
+        os._exit(0 if integrity.seal_hashes(path)[0] == blake else 1)
+    _, status = os.waitpid(child, 0)
+    assert os.waitstatus_to_exitcode(status) == 0

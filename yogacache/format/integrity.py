@@ -201,10 +201,10 @@ def seal_hashes(path: Path) -> tuple[str, Optional[str]]:
     """A new part's manifest hashes, from one read of the file: its BLAKE3 (``BUILD_HASH``)
     and, where google-crc32c is installed, the CRC32C that S3 and GCS compute themselves (so
     that a copy in a bucket is checked without reading it back), else None."""
-    digest = new_digest("blake3")
     crc = Crc32c() if checksum.available() else None
     with open(path, "rb", buffering=0) as handle:
         mapped = _map_file(handle)
+        digest = _seal_digest(len(mapped) if mapped is not None else 0)
         if mapped is None:
             _feed_handle(handle, [digest.update] if crc is None else [digest.update, crc.update])
             return str(digest.hexdigest()), None if crc is None else crc.value
@@ -225,6 +225,22 @@ def seal_hashes(path: Path) -> tuple[str, Optional[str]]:
             view.release()
             mapped.close()
     return str(digest.hexdigest()), None if crc is None else crc.value
+
+
+# A part at least this large is hashed at seal by BLAKE3 on several threads: the seal of a
+# build's last part waits for its hash (a 1 GiB part: 0.2 s on two threads, 0.4 s on one).
+_THREADED_SEAL_BYTES = 64 << 20
+_SEAL_THREADS = 4
+
+
+def _seal_digest(size: int) -> Any:
+    """The BLAKE3 of a part being sealed: on up to ``_SEAL_THREADS`` threads for a large one.
+    With a thread count (not ``blake3.AUTO``) the threads are the hasher's own, gone with it,
+    so a process forked later inherits no pool; the digest is the same either way."""
+    threads = min(_SEAL_THREADS, os.cpu_count() or 1)
+    if size < _THREADED_SEAL_BYTES or threads < 2:
+        return new_digest("blake3")
+    return blake3.blake3(max_threads=threads)
 
 
 def _map_file(handle: Any) -> Optional[mmap.mmap]:
