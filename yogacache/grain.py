@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import operator
 import sys
-from typing import Any, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 import numpy as np
 
@@ -33,11 +33,12 @@ except ImportError as error:  # pragma: no cover - exercised only without grain
 
 from yogacache import launcher
 from yogacache.format.spec import structure_builder, unflatten
-from yogacache.read.epochs import EpochReader
 from yogacache.read.options import ReadOptions, stream_arguments, stream_signature
 from yogacache.read.pipeline import CacheSource, open_reader, record_position
 from yogacache.read.state import fingerprint
-from yogacache.store import open_cache
+
+if TYPE_CHECKING:
+    from yogacache.read.epochs import EpochReader
 
 __all__ = ["CacheDataSource", "CacheSampler", "from_options", "open_data_source"]
 
@@ -111,6 +112,8 @@ def open_data_source(dataset_id: str, dataset_version: str, storage: Any = None)
     """The data source of the cache ``(dataset_id, dataset_version)`` on ``storage`` (a YogaDL
     storage, a ``DataLayer``, a ``data_layer`` mapping, a URL, a config file, a directory, or None
     for the local default), synced or streamed under its budget as the storage says."""
+    from yogacache.store import open_cache  # here: Grain's workers unpickle a source without it
+
     return CacheDataSource(open_cache(dataset_id, dataset_version, storage))
 
 
@@ -218,6 +221,8 @@ class CacheSampler:
                 raise ValueError(f"num_epochs must be at least 1 (or None for no end), got {num_epochs}")
         self.source = data
         self.options = options
+        from yogacache.read.epochs import EpochReader  # here: a worker's source does without it
+
         self.epochs = EpochReader(data.reader, options)
         self.num_epochs = num_epochs
         self._order = _Order(self.epochs)
