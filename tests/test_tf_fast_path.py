@@ -147,3 +147,23 @@ def test_where_tensorflow_differs_each_pipeline_traces_its_own_and_says_so(
     assert "SharedTraceFlatMap" not in _chain(datasets[1])
     assert list(yc_tf.FAST_PATHS_MISSED) == ["pipeline (traced functions shared)"]
     assert "fast pipeline (traced functions shared)" in caplog.text
+
+
+def test_pipelines_made_in_graphs_share_the_traces_with_eager_ones(ref: CacheDataRef) -> None:
+    """A TF1-style ``input_fn`` (an Estimator's) makes its pipeline inside a ``tf.Graph``: the
+    shared traces serve pipelines in two graphs and then eagerly, each reading every record."""
+    for graph_round in range(2):
+        graph = tf.Graph()
+        with graph.as_default():
+            dataset = yc_tf.make_tf_dataset(ref.stream(shuffle=True, shuffle_seed=graph_round)).batch(10)
+            following = tf.compat.v1.data.make_one_shot_iterator(dataset).get_next()
+            read: list[int] = []
+            with tf.compat.v1.Session(graph=graph) as session:
+                with pytest.raises(tf.errors.OutOfRangeError):
+                    while True:
+                        read.extend(session.run(following)["x"].tolist())
+        assert sorted(read) == list(range(100)), f"graph {graph_round}"
+    eager = yc_tf.make_tf_dataset(ref.stream(shuffle=True, shuffle_seed=3)).batch(10)
+    assert sorted(x for batch in eager for x in batch["x"].numpy().tolist()) == list(range(100))
+    assert yc_tf.FAST_PATHS_MISSED == {}
+    assert "SharedTraceFlatMap" in _chain(eager)
