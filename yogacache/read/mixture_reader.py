@@ -81,14 +81,17 @@ class MixtureReader:
         """Tells each streamed component how long it reads a part against the others: a part
         of component ``i`` lasts about ``records per part / c_i`` of the epoch, so the node's
         eviction, which compares the components' announced orders, compares them by when each
-        part is needed (the fastest-moving component's parts count 1 each)."""
+        part is needed (the fastest-moving component's parts count 1 each); and how many
+        streamed components share the budget's room for fetches ahead."""
         lasting = [
             (len(reader) / max(1, len(reader.manifest.parts))) / count if count else float("inf")
             for reader, count in zip(self.readers, self.counts)
         ]
         shortest = min(lasting)
+        streamed = sum(1 for reader in self.readers if getattr(reader, "streamed", False))
         for reader, last in zip(self.readers, lasting):
-            reader.set_part_pace(last / shortest if math.isfinite(last) else float(UPCOMING_SCALE_LIMIT))
+            pace = last / shortest if math.isfinite(last) else float(UPCOMING_SCALE_LIMIT)
+            reader.set_part_pace(pace, sharing=streamed)
 
     # -- what CacheReader answers ------------------------------------------------------------
     def __len__(self) -> int:

@@ -69,6 +69,8 @@ class PartProvider(Protocol):
     keep_open: int
     # How long the reader reads each part against the node's other readers (``set_part_pace``).
     scale: float
+    # How many streamed readers of the process share the budget's room for fetches ahead (``set_part_pace``).
+    sharing: int
 
     def acquire(self, index: int) -> Path: ...
 
@@ -693,13 +695,15 @@ class CacheReader:
         if self._provider is not None and not self._closed:
             self._provider.prefetch(index)
 
-    def set_part_pace(self, scale: float) -> None:
+    def set_part_pace(self, scale: float, sharing: int = 1) -> None:
         """How long this reader reads each of its parts against the node's other readers (1: as
         long; a mixture's component read half as often as the fastest: 2), so that eviction
-        compares read orders by when parts are needed (``budget.ProcessLease.announce``).
-        A no-op for local files."""
+        compares read orders by when parts are needed (``budget.ProcessLease.announce``), and
+        how many streamed readers of this process (a mixture's streamed components) share the
+        budget's room for fetches ahead. A no-op for local files."""
         if self._provider is not None:
             self._provider.scale = float(scale)
+            self._provider.sharing = max(1, int(sharing))
 
     def expect_parts(self, epochs: Callable[[], Sequence[Sequence[int]]]) -> None:
         """Tells the part provider (if any) which parts the reader reads, in order of first use:
