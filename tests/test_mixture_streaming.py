@@ -191,7 +191,7 @@ def test_the_streamed_components_share_the_room_they_fetch_ahead_into(
 
 # Serial: it measures fetches, which a second busy test process slows unevenly. Its epoch 2 went
 # one part over the promise about one run in six, alone too, until the components fetched ahead
-# from their shares of the budget (the test above); 28 runs since, none over.
+# from their shares of the budget (the test above); 40 runs since, none over.
 @pytest.mark.serial
 def test_a_streamed_mixture_under_half_the_bytes_reads_the_synced_order_and_keeps_the_budget(
     published: dict[str, Any], tmp_path: Path, downloads: Downloads

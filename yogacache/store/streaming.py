@@ -363,17 +363,19 @@ class StreamingParts:
         component published in another region keeps up with the others (up to what the
         budget holds: half its parts, and the transfer threads).
 
-        The streamed components of a mixture share the budget: each counts the parts of its
-        share (the budget's parts over ``sharing``). Counting the whole budget, three components
-        fetched two parts ahead each into a budget of eight, and a fetch ahead then evicted a part
-        kept for later in the epoch: epoch 2 went one part over its promise about one run in six
+        The streamed components of a mixture share the budget: each holds its part and fetches
+        ahead within its share (the budget's parts over ``sharing``), so that what they all hold
+        and fetch fits. Counting the whole budget, three components fetched two parts ahead each
+        into a budget of eight, and a fetch ahead then evicted a part kept for later in the
+        epoch: epoch 2 went one part over its promise about one run in six
         (tests/test_mixture_streaming.py)."""
         if self.limit is None:
             return MAX_AHEAD
-        fits = self.limit // max(1, self.largest_part) // max(1, self.sharing)
-        base = max(1, min(BUDGET_AHEAD, self.transfer_threads, (fits - 1) // 2))
+        fits = self.limit // max(1, self.largest_part)
+        room = fits // max(1, self.sharing) - 1  # the share's parts, less the one it reads
+        base = max(1, min(BUDGET_AHEAD, self.transfer_threads, (fits - 1) // 2, room))
         paced = pace_ahead(self._fetch_seconds, self._step_seconds)
-        return max(base, min(paced, self.transfer_threads, fits // 2))
+        return max(base, min(paced, self.transfer_threads, fits // 2, room))
 
     def _fetch_ahead(self) -> None:
         """Starts fetches of the next parts of the announced order (not yet on the node): this
