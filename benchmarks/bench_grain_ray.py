@@ -181,13 +181,20 @@ def __getattr__(name: str) -> Any:
     return _DECODE[name]
 
 
-def grain_row(row: str, spec: dict[str, Any]) -> list[dict[str, Any]]:
+def _grain() -> Any:
+    """Grain, its absl flags parsed (Grain reads them; a script outside absl.app parses none)."""
     import grain
-    import numpy as np  # noqa: F401
     from absl import flags
 
-    if not flags.FLAGS.is_parsed():  # Grain reads absl flags; a script outside absl.app parses none
+    if not flags.FLAGS.is_parsed():
         flags.FLAGS.mark_as_parsed()
+    return grain
+
+
+def grain_row(row: str, spec: dict[str, Any]) -> list[dict[str, Any]]:
+    import numpy as np  # noqa: F401
+
+    grain = _grain()
     if row.startswith("grain-arrayrecord"):
         directory = spec["dirs"]["arrayrecord"]
         warm(directory)
@@ -260,11 +267,7 @@ def warm_grain() -> None:
     over 512 integers in memory, so that the first row does not pay alone for what the machine
     loads the first time Grain's workers start (the files of Grain's and JAX's modules). Without
     it the first row's first epoch ran 0.75x of the same row run later."""
-    import grain
-    from absl import flags
-
-    if not flags.FLAGS.is_parsed():
-        flags.FLAGS.mark_as_parsed()
+    grain = _grain()
     sampler = grain.samplers.IndexSampler(num_records=512, shard_options=grain.sharding.NoSharding(),
                                           shuffle=True, num_epochs=1, seed=SEED)
     loader = grain.DataLoader(data_source=list(range(512)), sampler=sampler,
@@ -375,22 +378,22 @@ class Bench:
         return run_json([str(self.python), str(HERE / "_peers_ray.py"), *action, "--dir", self.dirs["mds"],
                          "--spec", json.dumps(self.spec)], peer_env(self.spec), self.args.timeout)
 
-    def warm_grain(self) -> None:
+    def run_here(self, call: str) -> dict[str, Any]:
+        """``bench_grain_ray.<call>`` in a fresh process of this interpreter; its printed JSON."""
         from bench_mix import run_json
 
-        log("warming Grain's workers up (outside every clock)")
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(HERE), str(REPO)]))
-        run_json([sys.executable, "-c", "import bench_grain_ray as b; b.warm_grain()"], env, self.args.timeout)
+        return run_json([sys.executable, "-c", f"import bench_grain_ray as b; b.{call}"], env, self.args.timeout)
+
+    def warm_grain(self) -> None:
+        log("warming Grain's workers up (outside every clock)")
+        self.run_here("warm_grain()")
 
     def run_rows(self, rows: list[str]) -> dict[str, Any]:
         """``rows`` in one process: one Grain row, or the Ray rows of one system."""
-        from bench_mix import run_json
-
         if ROWS[rows[0]][1] == "mds":
             return self.peer(["read", "mds", "--rows", ",".join(rows)])
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(HERE), str(REPO)]))
-        code = f"import bench_grain_ray as b; b.row_main({rows!r}, {json.dumps(self.spec)!r})"
-        return run_json([sys.executable, "-c", code], env, self.args.timeout)
+        return self.run_here(f"row_main({rows!r}, {json.dumps(self.spec)!r})")
 
     def measure(self, rows: list[str]) -> dict[str, dict[str, Any]]:
         load = os.getloadavg()[0]

@@ -317,14 +317,14 @@ class _EpochReadFunctions:
     function it traced until the process ends).
     """
 
-    def __init__(self, reads: EpochReads, leaves: list[TensorSpec], carried: list[bool]) -> None:
+    def __init__(self, reads: EpochReads, functions: _GraphFunctions) -> None:
         self._reads = reads
-        self._carried = carried
-        self._refill = not all(carried)
+        self._carried = functions.carried
+        self._refill = functions.refill
         self._empty = self._carry(
             [
                 np.empty((0, *(int(d or 0) for d in leaf.shape or ())), dtype=numpy_dtype(leaf.dtype))
-                for leaf in leaves
+                for leaf in functions.leaves
             ]
         )
 
@@ -514,9 +514,10 @@ _shared_traces: dict[str, Optional[_SharedTraces]] = {}
 _shared_traces_lock = threading.Lock()
 
 
-def _epochs(spec: Spec, handle: tf.Tensor) -> tf.data.Dataset:
+def _epochs(functions: _GraphFunctions, handle: tf.Tensor) -> tf.data.Dataset:
     """Each iteration: one epoch number, then that epoch's reads (the shared traces' when
-    TensorFlow allows, else traced for this pipeline)."""
+    TensorFlow allows, else ``functions`` traced for this pipeline)."""
+    spec = functions.spec
     key = repr(spec)
     with _shared_traces_lock:
         if key not in _shared_traces:
@@ -528,7 +529,6 @@ def _epochs(spec: Spec, handle: tf.Tensor) -> tf.data.Dataset:
         shared = _shared_traces[key]
     if shared is not None:
         return shared.epochs(handle)
-    functions = _GraphFunctions(spec)
     return (
         tf.data.Dataset.range(1)
         .map(_plain(lambda element: functions.next_epoch(element, handle)))
@@ -545,7 +545,7 @@ def _epoch_read_datasets(reads: EpochReads, spec: Spec) -> tuple[tf.data.Dataset
     number = next(_handles)
     handle = tf.constant(number, tf.int64)
     functions = _GraphFunctions(spec)
-    python_side = _EpochReadFunctions(reads, functions.leaves, functions.carried)
+    python_side = _EpochReadFunctions(reads, functions)
     _pipelines[number] = python_side
     _generators_started.set()
     # prefetch(1): the next read (Python) overlaps unbatch and the consumer's batching of this
@@ -554,7 +554,7 @@ def _epoch_read_datasets(reads: EpochReads, spec: Spec) -> tuple[tf.data.Dataset
     # The epoch counter is the pipeline's one piece of state outside TensorFlow; a checkpoint
     # holds the epoch it produced (as the flat_map's input), so the counter is not needed.
     options.experimental_external_state_policy = tf.data.experimental.ExternalStatePolicy.IGNORE
-    batches = _epochs(spec, handle).prefetch(1).with_options(options)
+    batches = _epochs(functions, handle).prefetch(1).with_options(options)
     batches._yogacache_reads = python_side  # the pipeline's Python side lives as long as this
     dataset = _unbatch_dense(batches)
     if functions.refill:

@@ -88,7 +88,7 @@ class MixtureReader:
             for reader, count in zip(self.readers, self.counts)
         ]
         shortest = min(lasting)
-        streamed = sum(1 for reader in self.readers if getattr(reader, "streamed", False))
+        streamed = sum(1 for reader in self.readers if reader.streamed)
         for reader, last in zip(self.readers, lasting):
             pace = last / shortest if math.isfinite(last) else float(UPCOMING_SCALE_LIMIT)
             reader.set_part_pace(pace, sharing=streamed)
